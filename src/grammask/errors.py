@@ -1,0 +1,75 @@
+"""Typed errors of grammask. Every failure on bad input is one of these, never a hang or a crash."""
+from __future__ import annotations
+
+
+class GrammaskError(Exception):
+    """Base class of every error grammask raises on purpose."""
+
+
+class GrammarError(GrammaskError, ValueError):
+    """A grammar, regex or schema cannot be compiled."""
+
+
+class GrammarSyntaxError(GrammarError):
+    """Invalid EBNF/GBNF text. Carries ``line`` and ``column`` (1-based)."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None):
+        self.line, self.column = line, column
+        where = f" at {line}:{column}" if line is not None else ""
+        super().__init__(f"{message}{where}")
+
+
+class UndefinedRuleError(GrammarSyntaxError):
+    """A rule is referenced but never defined."""
+
+
+class RegexSyntaxError(GrammarError):
+    """Invalid regular expression. Carries ``pattern`` and ``position`` (0-based)."""
+
+    def __init__(self, message: str, pattern: str = "", position: int | None = None):
+        self.pattern, self.position = pattern, position
+        where = f" at position {position}" if position is not None else ""
+        super().__init__(f"{message}{where} in regex {pattern!r}")
+
+
+class UnsupportedRegexError(RegexSyntaxError):
+    """A regex construct we do not support (lookaround, backreference, \\b): ``construct``."""
+
+    def __init__(self, construct: str, pattern: str = "", position: int | None = None):
+        self.construct = construct
+        super().__init__(f"unsupported regex construct {construct}", pattern, position)
+
+
+class EmptyLanguageError(GrammarError):
+    """The grammar, regex or schema accepts no string at all."""
+
+
+class GrammarTooComplexError(GrammarError):
+    """A compile-time bound (automaton states, rules, time) was exceeded."""
+
+
+class UnsupportedSchemaError(GrammarError):
+    """A JSON Schema keyword we cannot enforce. Carries ``keyword`` and ``pointer``."""
+
+    def __init__(self, message: str, keyword: str | None = None, pointer: str = ""):
+        self.keyword, self.pointer = keyword, pointer
+        super().__init__(f"{message} (at {pointer or '#'})")
+
+
+class InvalidSchemaError(GrammarError):
+    """The JSON Schema itself is malformed. Carries ``pointer``."""
+
+    def __init__(self, message: str, pointer: str = ""):
+        self.pointer = pointer
+        super().__init__(f"{message} (at {pointer or '#'})")
+
+
+class TokenizerError(GrammaskError, ValueError):
+    """The tokenizer cannot be read or its vocabulary is inconsistent."""
+
+
+class MatcherError(GrammaskError, RuntimeError):
+    """Misuse of a GrammarMatcher (rollback too far, bitmask of the wrong shape, ...)."""
+
+
+__all__ = [n for n in dir() if n.endswith("Error")]

@@ -1,0 +1,503 @@
+"""Context-free grammars over regex terminals, and their lowering to lexemes + flat Earley tables.
+
+Every front end (EBNF/GBNF, regex, builtin JSON, JSON Schema) builds a :class:`Grammar`: rules of
+nonterminals whose right-hand sides mix nonterminals and *terminals*, each terminal a regular
+expression in the grammar's :class:`~.regexset.ExprSet`.
+
+:func:`lower` turns it into what the kernels run on:
+
+1. undefined rules are reported, unproductive alternatives and unreachable rules dropped
+   (a root that derives nothing raises :class:`EmptyLanguageError`);
+2. adjacent terminals are concatenated and regular, non-recursive rules inlined, so that whole
+   words become single lexemes and the parser is involved only at lexeme boundaries;
+3. nullable terminals are split into "non-empty part | nothing" (a lexeme never matches ``""``);
+4. greedy-safety (``check_lexemes``): the lexer ends a lexeme only when the next byte cannot extend
+   any live lexeme (maximal munch). That equals the context-free semantics exactly when no accepted
+   string of a lexeme can be extended, by itself or by a lexeme live beside it, with a byte that may
+   follow it in the grammar. Lexemes that break this are split (concatenations into sequences,
+   unions into rules, repetitions into recursive rules) until every lexeme is safe; single-byte
+   lexemes always are. Front ends that build lexemes known to be safe (JSON) skip the check.
+5. the rules are flattened into int32 arrays for the Earley kernels (:mod:`.earley`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import EmptyLanguageError, GrammarTooComplexError, UndefinedRuleError
+from .regexset import AND, BYTES, CONCAT, EPS, INF, NOT, OR, REPEAT, ExprSet
+
+# flat symbol encoding in the Earley tables
+SYM_END = -1  # end of a production; the lexeme with index l is encoded as -(l + 2)
+
+MAX_SPLIT_REPEAT = 20_000
+MAX_LOWER_ROUNDS = 64
+MAX_PRODUCT_PAIRS = 5_000
+
+
+def term(e: int) -> int:
+    """The grammar symbol of terminal (regex) ``e``."""
+    return ~e
+
+
+def is_term(sym: int) -> bool:
+    return sym < 0
+
+
+class Grammar:
+    """Rules ``nonterminal -> alternatives``; a symbol >= 0 is a nonterminal, ``~e`` a terminal."""
+
+    def __init__(self, exprs: ExprSet | None = None):
+        self.exprs = exprs if exprs is not None else ExprSet()
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.rules: list[list[list[int]] | None] = []
+        self.where: list[tuple[int, int] | None] = []  # first reference (line, col), for errors
+        self.root: int | None = None
+
+    def nonterminal(self, name: str, where: tuple[int, int] | None = None) -> int:
+        i = self.index.get(name)
+        if i is None:
+            i = len(self.names)
+            self.names.append(name)
+            self.index[name] = i
+            self.rules.append(None)
+            self.where.append(where)
+        return i
+
+    def fresh(self, prefix: str) -> int:
+        n = len(self.names)
+        name = f"{prefix}#{n}"
+        while name in self.index:
+            n += 1
+            name = f"{prefix}#{n}"
+        return self.nonterminal(name)
+
+    def define(self, nt: int, alternatives: list[list[int]]) -> int:
+        self.rules[nt] = [list(a) for a in alternatives]
+        return nt
+
+    def add_alternative(self, nt: int, alt: list[int]) -> None:
+        if self.rules[nt] is None:
+            self.rules[nt] = []
+        self.rules[nt].append(list(alt))
+
+    def rule(self, name: str, alternatives: list[list[int]]) -> int:
+        return self.define(self.nonterminal(name), alternatives)
+
+    def t(self, e: int) -> int:
+        return ~e
+
+    def lit(self, s: str | bytes) -> int:
+        return ~self.exprs.literal(s)
+
+    def describe(self) -> str:
+        out = []
+        for i, alts in enumerate(self.rules):
+            if alts is None:
+                continue
+            parts = []
+            for a in alts:
+                parts.append(" ".join(self.names[s] if s >= 0 else "/" + self.exprs.to_str(~s) + "/" for s in a) or "ε")
+            out.append(f"{self.names[i]} ::= " + " | ".join(parts))
+        return "\n".join(out)
+
+
+@dataclass
+class FlatGrammar:
+    """The Earley tables of a lowered grammar (all int32 numpy arrays)."""
+
+    sym: np.ndarray            # per position: nonterminal id, SYM_END, or -(lexeme + 2)
+    end_lhs: np.ndarray        # per position: lhs at SYM_END positions, else -1
+    prod_start: np.ndarray     # first position of each production
+    nt_prod_lo: np.ndarray     # productions of nonterminal n: prod_start[nt_prod_lo[n]:nt_prod_hi[n]]
+    nt_prod_hi: np.ndarray
+    nt_nullable: np.ndarray    # uint8
+    start_nt: int              # the augmented start S' -> root
+    accept_pos: int            # position of SYM_END of S' -> root
+    lexemes: list[int]         # lexeme index -> expression id
+    names: list[str] = field(default_factory=list)
+
+    @property
+    def n_lexemes(self) -> int:
+        return len(self.lexemes)
+
+
+def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> FlatGrammar:
+    """Normalise ``g`` and flatten it into Earley tables (see the module docstring)."""
+    ex = g.exprs
+    root_id = g.index.get(root) if isinstance(root, str) else root
+    if root_id is None or g.rules[root_id] is None:
+        raise UndefinedRuleError(f"the root rule {root!r} is not defined")
+    for i, alts in enumerate(g.rules):
+        if alts is None:
+            w = g.where[i]
+            raise UndefinedRuleError(f"rule {g.names[i]!r} is referenced but not defined",
+                                     *(w if w else (None, None)))
+    rules: dict[int, list[list[int]]] = {i: [list(a) for a in alts] for i, alts in enumerate(g.rules)}
+    names = list(g.names)
+
+    def fresh(prefix: str) -> int:
+        names.append(f"{prefix}#{len(names)}")
+        return len(names) - 1
+
+    def merge_terminals(alt: list[int]) -> list[int]:
+        out: list[int] = []
+        for s in alt:
+            if s < 0 and out and out[-1] < 0:
+                out[-1] = ~ex.concat(~out[-1], ~s)
+            elif s < 0 and ~s == EPS:
+                continue
+            else:
+                out.append(s)
+        return out
+
+    def prune() -> None:
+        # productive nonterminals
+        productive: set[int] = set()
+        changed = True
+        while changed:
+            changed = False
+            for nt, alts in rules.items():
+                if nt in productive:
+                    continue
+                for a in alts:
+                    if all((s >= 0 and s in productive) or (s < 0 and ex.alive(~s)) for s in a):
+                        productive.add(nt)
+                        changed = True
+                        break
+        if root_id not in productive:
+            raise EmptyLanguageError(f"the grammar's root {names[root_id]!r} derives no string")
+        for nt in list(rules):
+            if nt not in productive:
+                del rules[nt]
+                continue
+            rules[nt] = [a for a in rules[nt]
+                         if all((s >= 0 and s in productive) or (s < 0 and ex.alive(~s)) for s in a)]
+        # reachable
+        seen = {root_id}
+        todo = [root_id]
+        while todo:
+            nt = todo.pop()
+            for a in rules[nt]:
+                for s in a:
+                    if s >= 0 and s not in seen:
+                        seen.add(s)
+                        todo.append(s)
+        for nt in list(rules):
+            if nt not in seen:
+                del rules[nt]
+
+    def recursive_nts() -> set[int]:
+        # nonterminals on a cycle (Tarjan-free: a simple DFS reachability per node is fine here)
+        graph = {nt: {s for a in alts for s in a if s >= 0} for nt, alts in rules.items()}
+        rec: set[int] = set()
+        index: dict[int, int] = {}
+        low: dict[int, int] = {}
+        stack: list[int] = []
+        on: set[int] = set()
+        counter = [0]
+
+        def strong(v: int) -> None:
+            work = [(v, iter(sorted(graph[v])))]
+            index[v] = low[v] = counter[0]
+            counter[0] += 1
+            stack.append(v)
+            on.add(v)
+            while work:
+                node, it = work[-1]
+                advanced = False
+                for w in it:
+                    if w not in index:
+                        index[w] = low[w] = counter[0]
+                        counter[0] += 1
+                        stack.append(w)
+                        on.add(w)
+                        work.append((w, iter(sorted(graph[w]))))
+                        advanced = True
+                        break
+                    if w in on:
+                        low[node] = min(low[node], index[w])
+                if advanced:
+                    continue
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    comp = []
+                    while True:
+                        w = stack.pop()
+                        on.discard(w)
+                        comp.append(w)
+                        if w == node:
+                            break
+                    if len(comp) > 1 or node in graph[node]:
+                        rec.update(comp)
+
+        for v in graph:
+            if v not in index:
+                strong(v)
+        return rec
+
+    def inline_regular() -> bool:
+        rec = recursive_nts()
+        changed = False
+        regular: dict[int, int] = {}
+        for nt, alts in rules.items():
+            if nt == root_id or nt in rec:
+                continue
+            alts = [merge_terminals(a) for a in alts]
+            if all(all(s < 0 for s in a) for a in alts):
+                regular[nt] = ex.alt(*[ex.concat(*[~s for s in a]) if a else EPS for a in alts])
+        if not regular:
+            return False
+        for nt, alts in rules.items():
+            new_alts = []
+            for a in alts:
+                b = [~regular[s] if s >= 0 and s in regular else s for s in a]
+                if b != a:
+                    changed = True
+                new_alts.append(merge_terminals(b))
+            rules[nt] = new_alts
+        for nt in regular:
+            if nt in rules:
+                del rules[nt]
+        return changed
+
+    def split_nullable_terminals() -> None:
+        memo: dict[int, int] = {}
+        for nt in list(rules):
+            new_alts = []
+            for a in rules[nt]:
+                b = []
+                for s in a:
+                    if s < 0 and ex.nullable(~s):
+                        e = ~s
+                        if e not in memo:
+                            ne = ex.nonempty_part(e)
+                            opt = fresh("opt")
+                            rules[opt] = [[~ne], []] if ne != 0 and ex.alive(ne) else [[]]
+                            memo[e] = opt
+                        b.append(memo[e])
+                    else:
+                        b.append(s)
+                new_alts.append(b)
+            rules[nt] = new_alts
+
+    for nt in rules:
+        rules[nt] = [merge_terminals(a) for a in rules[nt]]
+    prune()
+    for _ in range(MAX_LOWER_ROUNDS):
+        if not inline_regular():
+            break
+    split_nullable_terminals()
+    prune()
+
+    if check_lexemes:
+        _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable_terminals, prune)
+
+    return _flatten(ex, rules, root_id, names)
+
+
+def _nullable_nts(rules: dict[int, list[list[int]]]) -> set[int]:
+    nullable: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for nt, alts in rules.items():
+            if nt not in nullable and any(all(s >= 0 and s in nullable for s in a) for a in alts):
+                nullable.add(nt)
+                changed = True
+    return nullable
+
+
+def _first_follow(ex: ExprSet, rules, root_id):
+    nullable = _nullable_nts(rules)
+    first: dict[int, int] = {nt: 0 for nt in rules}
+
+    def first_of(seq) -> tuple[int, bool]:
+        m = 0
+        for s in seq:
+            if s < 0:
+                return m | ex.first_bytes(~s), False
+            m |= first[s]
+            if s not in nullable:
+                return m, False
+        return m, True
+
+    changed = True
+    while changed:
+        changed = False
+        for nt, alts in rules.items():
+            m = first[nt]
+            for a in alts:
+                m |= first_of(a)[0]
+            if m != first[nt]:
+                first[nt] = m
+                changed = True
+    follow: dict[int, int] = {nt: 0 for nt in rules}
+    changed = True
+    while changed:
+        changed = False
+        for nt, alts in rules.items():
+            for a in alts:
+                for i, s in enumerate(a):
+                    if s < 0:
+                        continue
+                    m, nul = first_of(a[i + 1:])
+                    if nul:
+                        m |= follow[nt]
+                    if m & ~follow[s]:
+                        follow[s] |= m
+                        changed = True
+    term_follow: dict[int, int] = {}
+    for nt, alts in rules.items():
+        for a in alts:
+            for i, s in enumerate(a):
+                if s < 0:
+                    m, nul = first_of(a[i + 1:])
+                    if nul:
+                        m |= follow[nt]
+                    term_follow[~s] = term_follow.get(~s, 0) | m
+    return term_follow
+
+
+def _extension_bytes(ex: ExprSet, e1: int, e2: int) -> int:
+    """Bytes ``b`` such that some non-empty ``u`` in L(e1) has ``u b`` as a prefix of L(e2)."""
+    out = 0
+    seen = set()
+    todo = [(e1, e2)]
+    while todo:
+        x1, x2 = todo.pop()
+        t1 = ex.transitions(x1)
+        t2 = ex.transitions(x2)
+        for m1, y1 in t1:
+            for m2, y2 in t2:
+                if m1 & m2 and (y1, y2) not in seen:
+                    seen.add((y1, y2))
+                    if len(seen) > MAX_PRODUCT_PAIRS:
+                        return -1  # too big to tell: treat as unsafe
+                    if ex.nullable(y1):
+                        out |= ex.first_bytes(y2)
+                    todo.append((y1, y2))
+    return out
+
+
+def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable_terminals, prune):
+    ext_cache: dict[tuple[int, int], int] = {}
+    for _ in range(MAX_LOWER_ROUNDS):
+        term_follow = _first_follow(ex, rules, root_id)
+        terms = sorted(term_follow)
+        firsts = {e: ex.first_bytes(e) for e in terms}
+        to_split: set[int] = set()
+        for e1 in terms:
+            fol = term_follow[e1]
+            if not fol:
+                continue
+            for e2 in terms:
+                if not (firsts[e1] & firsts[e2]):
+                    continue
+                key = (e1, e2)
+                x = ext_cache.get(key)
+                if x is None:
+                    x = ext_cache[key] = _extension_bytes(ex, e1, e2)
+                if x == -1 or x & fol:
+                    if _splittable(ex, e2):
+                        to_split.add(e2)
+                    elif _splittable(ex, e1):
+                        to_split.add(e1)
+        if not to_split:
+            return
+        repl = {e: _split(ex, e, rules, fresh) for e in to_split}
+        for nt in list(rules):
+            new_alts = []
+            for a in rules[nt]:
+                b: list[int] = []
+                for s in a:
+                    if s < 0 and ~s in repl:
+                        b.extend(repl[~s])
+                    else:
+                        b.append(s)
+                new_alts.append(b)
+            rules[nt] = new_alts
+        split_nullable_terminals()
+        prune()
+    raise GrammarTooComplexError("could not split the grammar's terminals into unambiguous lexemes")
+
+
+def _splittable(ex: ExprSet, e: int) -> bool:
+    return ex.kind[e] in (CONCAT, OR, REPEAT)
+
+
+def _split(ex: ExprSet, e: int, rules, fresh) -> list[int]:
+    k = ex.kind[e]
+    if k == CONCAT:
+        a, b = ex.args[e]
+        return [~a, ~b]
+    if k == OR:
+        nt = fresh("alt")
+        rules[nt] = [[~x] for x in ex.args[e]]
+        return [nt]
+    if k == REPEAT:
+        a, lo, hi = ex.args[e]
+        if lo + (0 if hi == INF else hi) > MAX_SPLIT_REPEAT:
+            raise GrammarTooComplexError(f"repetition bound {max(lo, hi)} too large to expand")
+        seq = [~a] * lo
+        if hi == INF:
+            star = fresh("star")
+            rules[star] = [[~a, star], []]
+            seq.append(star)
+        elif hi > lo:
+            prev = None
+            for _ in range(hi - lo):
+                nt = fresh("rep")
+                rules[nt] = [[~a] + ([prev] if prev is not None else []), []]
+                prev = nt
+            seq.append(prev)
+        return seq
+    return [~e]
+
+
+def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names: list[str]) -> FlatGrammar:
+    nts = sorted(rules)
+    remap = {nt: i for i, nt in enumerate(nts)}
+    start = len(nts)
+    lex_index: dict[int, int] = {}
+    lexemes: list[int] = []
+    sym: list[int] = []
+    end_lhs: list[int] = []
+    prod_start: list[int] = []
+    lo: list[int] = []
+    hi: list[int] = []
+    all_rules = [(remap[nt], rules[nt]) for nt in nts] + [(start, [[root_id]])]
+    for new_nt, alts in all_rules:
+        lo.append(len(prod_start))
+        for a in alts:
+            prod_start.append(len(sym))
+            for s in a:
+                if s >= 0:
+                    sym.append(remap[s])
+                else:
+                    e = ~s
+                    li = lex_index.get(e)
+                    if li is None:
+                        li = lex_index[e] = len(lexemes)
+                        lexemes.append(e)
+                    sym.append(-(li + 2))
+                end_lhs.append(-1)
+            sym.append(SYM_END)
+            end_lhs.append(new_nt)
+        hi.append(len(prod_start))
+    nullable = _nullable_nts({remap[nt]: [[remap[s] if s >= 0 else s for s in a] for a in rules[nt]] for nt in nts})
+    nul = np.zeros(start + 1, dtype=np.uint8)
+    for n in nullable:
+        nul[n] = 1
+    nul[start] = nul[remap[root_id]]
+    accept_pos = len(sym) - 1
+    i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
+    return FlatGrammar(
+        sym=i32(sym), end_lhs=i32(end_lhs), prod_start=i32(prod_start), nt_prod_lo=i32(lo),
+        nt_prod_hi=i32(hi), nt_nullable=nul, start_nt=start, accept_pos=accept_pos,
+        lexemes=lexemes, names=[names[nt] for nt in nts] + ["<start>"],
+    )

@@ -1,0 +1,220 @@
+"""The lexer: a lazily built DFA over all lexemes of a grammar (llguidance's design).
+
+A lexer state is a set of ``(lexeme, expression)`` pairs: the lexemes still possible and, for
+each, the derivative of its regex by the bytes read so far (see :mod:`.regexset`). The start
+state of a parser row is the set of lexemes that row allows, each at its initial expression.
+
+The kernels only see flat numpy arrays:
+
+``trans[s * 256 + b]``
+    next state, ``DEAD`` (-1) or ``UNKNOWN`` (-2, the state is not expanded yet).
+``state_acc[s]``
+    id of the set of lexemes accepted in ``s`` (an index into ``acc_off``/``acc_lex``), or -1.
+``st_keys``/``st_vals``
+    open-addressing hash table: hash of a sorted list of allowed lexemes -> start state.
+
+A kernel that meets ``UNKNOWN`` or a start set not in the table records it in a "missing" buffer
+and treats it as dead; Python then expands the states (:meth:`Lexer.expand`), registers the start
+sets (:meth:`Lexer.add_start`) and runs the kernel again. After warm-up nothing is missing.
+"""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+from numba import njit
+
+from ..errors import GrammarTooComplexError
+from .regexset import ExprSet
+
+DEAD = -1
+UNKNOWN = -2
+
+
+@njit(nogil=True, cache=True)
+def lexeme_set_hash(lex: np.ndarray, n: int) -> np.int64:
+    """Hash of the sorted lexeme list ``lex[:n]`` (never 0: 0 marks an empty table slot)."""
+    h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(n)
+    for i in range(n):
+        h ^= np.uint64(lex[i]) + np.uint64(0x9E3779B97F4A7C15) + (h << np.uint64(6)) + (h >> np.uint64(2))
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+    r = np.int64(h & np.uint64(0x7FFFFFFFFFFFFFFF))
+    if r == 0:
+        r = 1
+    return r
+
+
+@njit(nogil=True, cache=True)
+def lookup_start(st_keys: np.ndarray, st_vals: np.ndarray, key: np.int64) -> np.int32:
+    """Start state for a lexeme-set hash, or UNKNOWN."""
+    mask = st_keys.shape[0] - 1
+    j = key & mask
+    while True:
+        k = st_keys[j]
+        if k == key:
+            return st_vals[j]
+        if k == 0:
+            return np.int32(-2)
+        j = (j + 1) & mask
+
+
+class Lexer:
+    """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
+
+    def __init__(self, exprs: ExprSet, lexemes: list[int], max_states: int = 50_000):
+        self.exprs = exprs
+        self.lexemes = list(lexemes)
+        self.max_states = max_states
+        self.lock = threading.RLock()
+        self._states: list[tuple[tuple[int, int], ...]] = []
+        self._state_ids: dict[tuple, int] = {}
+        self._acc_sets: list[tuple[int, ...]] = []
+        self._acc_ids: dict[tuple, int] = {}
+        cap = 64
+        self.trans = np.full(cap * 256, UNKNOWN, dtype=np.int32)
+        self.state_acc = np.full(cap, -1, dtype=np.int32)
+        self.acc_off = np.zeros(1, dtype=np.int32)
+        self.acc_lex = np.zeros(0, dtype=np.int32)
+        self.st_keys = np.zeros(256, dtype=np.int64)
+        self.st_vals = np.zeros(256, dtype=np.int32)
+        self._n_start = 0
+        self.expanded = np.zeros(cap, dtype=np.bool_)
+
+    # ---------------------------------------------------------------- states
+    @property
+    def n_states(self) -> int:
+        return len(self._states)
+
+    def state_members(self, s: int) -> tuple[tuple[int, int], ...]:
+        return self._states[s]
+
+    def _intern(self, members: tuple[tuple[int, int], ...]) -> int:
+        s = self._state_ids.get(members)
+        if s is not None:
+            return s
+        s = len(self._states)
+        if s >= self.max_states:
+            raise GrammarTooComplexError(f"lexer automaton exceeds {self.max_states} states")
+        if s >= self.state_acc.shape[0]:
+            self._grow_states(2 * self.state_acc.shape[0])
+        self._states.append(members)
+        self._state_ids[members] = s
+        acc = tuple(sorted({lx for lx, e in members if self.exprs.nullable(e)}))
+        self.state_acc[s] = self._intern_acc(acc) if acc else -1
+        return s
+
+    def _grow_states(self, cap: int) -> None:
+        old = self.state_acc.shape[0]
+        trans = np.full(cap * 256, UNKNOWN, dtype=np.int32)
+        trans[: old * 256] = self.trans
+        acc = np.full(cap, -1, dtype=np.int32)
+        acc[:old] = self.state_acc
+        exp = np.zeros(cap, dtype=np.bool_)
+        exp[:old] = self.expanded
+        # publish the new arrays only once they are complete (kernels may hold the old ones)
+        self.trans, self.state_acc, self.expanded = trans, acc, exp
+
+    def _intern_acc(self, acc: tuple[int, ...]) -> int:
+        k = self._acc_ids.get(acc)
+        if k is not None:
+            return k
+        k = len(self._acc_sets)
+        self._acc_sets.append(acc)
+        self._acc_ids[acc] = k
+        self.acc_lex = np.concatenate([self.acc_lex, np.array(acc, dtype=np.int32)])
+        self.acc_off = np.concatenate([self.acc_off, np.array([self.acc_lex.shape[0]], dtype=np.int32)])
+        return k
+
+    def accepted_lexemes(self, s: int) -> tuple[int, ...]:
+        k = int(self.state_acc[s])
+        return self._acc_sets[k] if k >= 0 else ()
+
+    def expand(self, s: int, budget: int = 0) -> None:
+        """Compute all 256 transitions of state ``s`` (and, breadth first, of up to ``budget``
+        states it leads to that are not expanded yet)."""
+        with self.lock:
+            todo = [s]
+            done = 0
+            while todo:
+                s = todo.pop(0)
+                if self.expanded[s]:
+                    continue
+                new = self._expand_one(s)
+                done += 1
+                if done > budget:
+                    break
+                todo.extend(t for t in new if not self.expanded[t])
+
+    def _expand_one(self, s: int) -> list[int]:
+        exprs = self.exprs
+        per_byte: list[list[tuple[int, int]]] = [[] for _ in range(256)]
+        for lx, e in self._states[s]:
+            for m, t in exprs.transitions(e):
+                while m:
+                    low = m & -m
+                    per_byte[low.bit_length() - 1].append((lx, t))
+                    m ^= low
+        row = np.empty(256, dtype=np.int32)
+        cache: dict[tuple, int] = {}
+        new = []
+        for b in range(256):
+            members = per_byte[b]
+            if not members:
+                row[b] = DEAD
+                continue
+            key = tuple(sorted(members))
+            t = cache.get(key)
+            if t is None:
+                before = len(self._states)
+                t = self._intern(key)
+                cache[key] = t
+                if t >= before:
+                    new.append(t)
+            row[b] = t
+        trans = self.trans
+        trans[s * 256:(s + 1) * 256] = row
+        self.expanded[s] = True
+        return new
+
+    # ---------------------------------------------------------------- start states
+    def start_state(self, allowed: list[int] | tuple[int, ...]) -> int:
+        """The start state for a sorted list of allowed lexemes (registered in the hash table)."""
+        with self.lock:
+            allowed = sorted(set(int(x) for x in allowed))
+            members = tuple((lx, self.lexemes[lx]) for lx in allowed)
+            s = self._intern(members)
+            arr = np.array(allowed, dtype=np.int32)
+            key = int(lexeme_set_hash(arr, len(allowed)))
+            if int(lookup_start(self.st_keys, self.st_vals, key)) == UNKNOWN:
+                self._insert_start(key, s)
+            return s
+
+    def _insert_start(self, key: int, s: int) -> None:
+        if 2 * (self._n_start + 1) > self.st_keys.shape[0]:
+            keys, vals = self.st_keys, self.st_vals
+            cap = 2 * keys.shape[0]
+            nk = np.zeros(cap, dtype=np.int64)
+            nv = np.zeros(cap, dtype=np.int32)
+            for k, v in zip(keys.tolist(), vals.tolist()):
+                if k:
+                    self._put(nk, nv, k, v)
+            self._put(nk, nv, key, s)
+            self.st_vals, self.st_keys = nv, nk
+        else:
+            # write the value before the key: a concurrent reader never sees a key without value
+            self._put(self.st_keys, self.st_vals, key, s)
+        self._n_start += 1
+
+    @staticmethod
+    def _put(keys: np.ndarray, vals: np.ndarray, key: int, s: int) -> None:
+        mask = keys.shape[0] - 1
+        j = key & mask
+        while keys[j] != 0:
+            j = (j + 1) & mask
+        vals[j] = s
+        keys[j] = key
+
+    def warm_up(self, start: int, budget: int = 256) -> None:
+        """Expand states reachable from ``start`` breadth first, at most ``budget`` of them."""
+        self.expand(start, budget)

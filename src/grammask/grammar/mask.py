@@ -1,0 +1,183 @@
+"""Token-mask kernels: one lexer/parser step, and the trie walk that fills a bitmask.
+
+The walk visits the flat token trie in preorder (:mod:`.toktrie`). At each node it does one table
+lookup in the lexer DFA; a dead lexer state skips the whole subtree (``i = node_end[i]``). Only
+when a lexeme ends (the next byte cannot extend it) does the parser take part: the accepted lexemes
+are scanned into a new Earley row, pushed on the way down and popped on the way up (see
+:mod:`.earley` for reuse). A token is allowed when the walk reaches its node alive: the lexer can
+still complete some lexeme that the parser accepts, and every grammar symbol is productive.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from .earley import GROW_ROWS, MISSING, OK, P_ROW_KEY, P_ROW_LS, REJECT, compute_row, resolve_row_start
+
+# L: lexer arrays tuple (trans, state_acc, acc_off, acc_lex, st_vals); st_keys separately (int64)
+L_TRANS, L_STATE_ACC, L_ACC_OFF, L_ACC_LEX, L_ST_VALS = range(5)
+
+
+@njit(nogil=True, cache=True)
+def _record_state(M, s):
+    buf = M[0]
+    cnt = M[3]
+    if cnt[0] < buf.shape[0]:
+        buf[cnt[0]] = s
+        cnt[0] += 1
+
+
+@njit(nogil=True, cache=True)
+def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
+    """The byte ``b`` in lexer state ``s`` over ``h`` rows when the table says it is not a plain
+    lexer move. Returns (status, state, height, cache_top)."""
+    t = L[L_TRANS][s * 256 + b]
+    if t >= 0:
+        return OK, t, h, cache_top
+    if t == -2:
+        _record_state(M, s)
+        return MISSING, s, h, cache_top
+    k = L[L_STATE_ACC][s]
+    if k < 0:
+        return REJECT, s, h, cache_top
+    row_key = P[P_ROW_KEY]
+    row_ls = P[P_ROW_LS]
+    if h < cache_top and row_key[h] == k:
+        s2 = row_ls[h]
+        if s2 == -2:
+            s2 = resolve_row_start(h, G, st_keys, L[L_ST_VALS], P, S, M)
+    else:
+        if h + 2 > P[2].shape[0]:
+            return GROW_ROWS, s, h, cache_top
+        st = compute_row(h, k, G, L[L_ACC_OFF], L[L_ACC_LEX], st_keys, L[L_ST_VALS], P, S, hkeys, M)
+        if st != OK:
+            return st, s, h, h
+        cache_top = h + 1
+        s2 = row_ls[h]
+    if s2 == -2:
+        return MISSING, s, h, cache_top
+    if s2 < 0:
+        return REJECT, s, h, cache_top
+    t = L[L_TRANS][s2 * 256 + b]
+    if t == -2:
+        _record_state(M, s2)
+        return MISSING, s, h, cache_top
+    if t == -1:
+        return REJECT, s, h, cache_top
+    return OK, t, h + 1, cache_top
+
+
+@njit(nogil=True, cache=True)
+def walk_trie(node_byte, node_depth, node_end, node_tok_start, node_tok_end, tok_ids,
+              s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, words):
+    """OR into ``words`` (uint32 view of one bitmask row) every token of the trie allowed from
+    lexer state ``s0`` over ``h0`` rows. Returns OK, MISSING (some subtrees were skipped for want
+    of lexer states; call again once they are built) or a GROW_* status."""
+    trans = L[L_TRANS]
+    ls_st[0] = s0
+    h_st[0] = h0
+    cache_top = h0
+    incomplete = False
+    n = node_byte.shape[0]
+    i = 1
+    while i < n:
+        d = node_depth[i]
+        s = ls_st[d - 1]
+        h = h_st[d - 1]
+        b = node_byte[i]
+        t = trans[s * 256 + b]
+        if t < 0:
+            st, t, h, cache_top = step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
+            if st != OK:
+                if st == REJECT:
+                    i = node_end[i]
+                    continue
+                if st == MISSING:
+                    incomplete = True
+                    i = node_end[i]
+                    continue
+                return st
+        ls_st[d] = t
+        h_st[d] = h
+        for j in range(node_tok_start[i], node_tok_end[i]):
+            tok = tok_ids[j]
+            words[tok >> 5] |= np.uint32(1) << np.uint32(tok & 31)
+        i += 1
+    return MISSING if incomplete else OK
+
+
+@njit(nogil=True, cache=True)
+def advance_bytes(data, s, h, G, L, st_keys, P, S, hkeys, M, out):
+    """Feed ``data`` from (``s``, ``h``); on OK, ``out = [state, height]``."""
+    cache_top = h
+    for i in range(data.shape[0]):
+        st, s, h, cache_top = step_slow(data[i], s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
+        if st != OK:
+            return st
+    out[0] = s
+    out[1] = h
+    return OK
+
+
+@njit(nogil=True, cache=True)
+def can_end(s, h, lex_len, G, L, st_keys, P, S, hkeys, M):
+    """(status, 1 if the grammar may end here else 0)."""
+    if lex_len == 0:
+        return OK, P[5][h - 1]
+    k = L[L_STATE_ACC][s]
+    if k < 0:
+        return OK, 0
+    if h + 2 > P[2].shape[0]:
+        return GROW_ROWS, 0
+    st = compute_row(h, k, G, L[L_ACC_OFF], L[L_ACC_LEX], st_keys, L[L_ST_VALS], P, S, hkeys, M)
+    if st == REJECT:
+        return OK, 0
+    if st != OK and st != MISSING:
+        return st, 0
+    return OK, P[5][h]
+
+
+@njit(nogil=True, cache=True)
+def allowed_bytes(s, h, G, L, st_keys, P, S, hkeys, M, out):
+    """``out[b] = 1`` for every byte that can come next. Returns a status."""
+    cache_top = h
+    incomplete = False
+    for b in range(256):
+        st, _t, _h, cache_top = step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
+        out[b] = 1 if st == OK else 0
+        if st == MISSING:
+            incomplete = True
+        elif st != OK and st != REJECT:
+            return st
+    return MISSING if incomplete else OK
+
+
+@njit(nogil=True, cache=True)
+def jump_forward(s, h, lex_len, G, L, st_keys, P, S, hkeys, M, buf, ok):
+    """Bytes forced from (s, h): while exactly one byte is possible and the grammar cannot end.
+    Writes them to ``buf``; returns (status, n). ``ok`` is a 256-byte scratch array."""
+    n = 0
+    while n < buf.shape[0]:
+        st, e = can_end(s, h, lex_len, G, L, st_keys, P, S, hkeys, M)
+        if st != OK:
+            return st, n
+        if e:
+            break
+        st = allowed_bytes(s, h, G, L, st_keys, P, S, hkeys, M, ok)
+        if st != OK:
+            return st, n
+        only = -1
+        cnt = 0
+        for b in range(256):
+            if ok[b]:
+                cnt += 1
+                only = b
+        if cnt != 1:
+            break
+        st, s, h, _ct = step_slow(only, s, h, h, G, L, st_keys, P, S, hkeys, M)
+        if st != OK:
+            return st, n
+        buf[n] = only
+        n += 1
+        lex_len += 1
+    return OK, n

@@ -1,0 +1,249 @@
+"""GrammarMatcher: the per-request state machine that fills token bitmasks and accepts tokens.
+
+The API mirrors xgrammar's ``GrammarMatcher`` so users can switch: ``fill_next_token_bitmask``,
+``accept_token``, ``accept_string``, ``rollback``, ``is_terminated``, ``reset``, ``fork``,
+``find_jump_forward_string``. One matcher per request; matchers never share mutable state except
+the compiled grammar's lexer, which only grows (under a lock).
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from ..errors import GrammarError, MatcherError
+from .compiled import MAX_RESOLVE_ROUNDS, CompiledGrammar
+from .earley import MISSING, OK
+from .mask import advance_bytes, allowed_bytes, can_end, jump_forward, walk_trie
+
+
+class GrammarMatcher:
+    """Match one token sequence against a compiled grammar.
+
+    ``stop_token_ids`` defaults to the tokenizer's; stop tokens are allowed exactly when the
+    grammar can end, and accepting one terminates the matcher. ``max_rollback_tokens`` bounds
+    the history kept for :meth:`rollback` (-1: unbounded).
+    """
+
+    def __init__(self, compiled: CompiledGrammar, stop_token_ids=None, *,
+                 terminate_without_stop_token: bool = False, max_rollback_tokens: int = -1):
+        self.compiled = compiled
+        info = compiled.tokenizer_info
+        self.tokenizer_info = info
+        self.vocab_size = info.vocab_size
+        self.stop_token_ids = list(info.stop_token_ids if stop_token_ids is None else stop_token_ids)
+        self._stop_set = frozenset(self.stop_token_ids)
+        self.terminate_without_stop_token = terminate_without_stop_token
+        self.max_rollback_tokens = max_rollback_tokens
+        self._trie = info.trie
+        self._token_bytes = info.token_bytes
+        self._M = compiled.new_missing(compiled.flat.n_lexemes)
+        depth = int(self._trie.max_depth) + 2
+        self._ls_st = np.zeros(depth, np.int32)
+        self._h_st = np.zeros(depth, np.int32)
+        self._out = np.zeros(2, np.int32)
+        self._ok = np.zeros(256, np.uint8)
+        self._special = np.zeros(0, np.int64)
+        self.reset()
+
+    # ------------------------------------------------------------------ state
+    def reset(self) -> None:
+        self._stack = self.compiled.new_stack()
+        self._s = int(self._stack.row_ls[0])
+        self._h = 1
+        self._lex_len = 0
+        self._terminated = False
+        maxlen = None if self.max_rollback_tokens < 0 else self.max_rollback_tokens
+        self._history: deque = deque(maxlen=maxlen)
+
+    def fork(self) -> "GrammarMatcher":
+        new = object.__new__(GrammarMatcher)
+        new.__dict__.update(self.__dict__)
+        new._stack = self._stack.copy()
+        new._M = self.compiled.new_missing(self.compiled.flat.n_lexemes)
+        new._ls_st = self._ls_st.copy()
+        new._h_st = self._h_st.copy()
+        new._out = self._out.copy()
+        new._ok = self._ok.copy()
+        new._history = deque(self._history, maxlen=self._history.maxlen)
+        return new
+
+    def is_terminated(self) -> bool:
+        return self._terminated
+
+    # ------------------------------------------------------------------ kernel driver
+    def _call(self, fn, *head, tail=()):
+        """Run kernel ``fn(*head, G, L, st_keys, P, S, hkeys, M, *tail)`` until it settles."""
+        comp = self.compiled
+        stack = self._stack
+        for _ in range(MAX_RESOLVE_ROUNDS):
+            L, st_keys = comp.lexer_arrays()
+            r = fn(*head, comp.G, L, st_keys, stack.P, stack.scratch, stack.hkeys, self._M, *tail)
+            st = r[0] if isinstance(r, tuple) else r
+            if st == OK or st == 1:  # OK or REJECT
+                return r
+            comp.resolve(st, stack, self._M)
+            stack = self._stack
+        raise GrammarError("internal error: a mask kernel did not settle")
+
+    def _can_end_now(self) -> bool:
+        _, e = self._call(can_end, self._s, self._h, self._lex_len)
+        return bool(e)
+
+    def _advance(self, data: bytes) -> bool:
+        arr = np.frombuffer(data, dtype=np.uint8)
+        st = self._call(advance_bytes, arr, self._s, self._h, tail=(self._out,))
+        if st != OK:
+            return False
+        self._s, self._h = int(self._out[0]), int(self._out[1])
+        self._lex_len += len(data)
+        return True
+
+    # ------------------------------------------------------------------ public API
+    def accept_token(self, token_id: int, *, debug_print: bool = False) -> bool:
+        """Advance by one token. Returns False (state untouched) when the grammar rejects it."""
+        if self._terminated:
+            return False
+        token_id = int(token_id)
+        if token_id in self._stop_set:
+            if not self._can_end_now():
+                return False
+            self._history.append((self._s, self._h, self._lex_len, self._terminated))
+            self._terminated = True
+            return True
+        if not 0 <= token_id < len(self._token_bytes):
+            return False
+        data = self._token_bytes[token_id]
+        if not data:
+            return False
+        saved = (self._s, self._h, self._lex_len, self._terminated)
+        if not self._advance(data):
+            return False
+        self._history.append(saved)
+        if self.terminate_without_stop_token and self._can_end_now() and not self._has_continuation():
+            self._terminated = True
+        return True
+
+    def accept_string(self, data: str | bytes, *, debug_print: bool = False) -> bool:
+        """Advance by raw text (counts as one step for :meth:`rollback`)."""
+        if self._terminated:
+            return False
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        saved = (self._s, self._h, self._lex_len, self._terminated)
+        if data and not self._advance(data):
+            return False
+        self._history.append(saved)
+        return True
+
+    def rollback(self, num_tokens: int = 1) -> None:
+        """Undo the last ``num_tokens`` accepted tokens."""
+        if num_tokens < 0 or num_tokens > len(self._history):
+            raise MatcherError(f"cannot roll back {num_tokens} tokens: {len(self._history)} in history")
+        for _ in range(num_tokens):
+            self._s, self._h, self._lex_len, self._terminated = self._history.pop()
+
+    def _has_continuation(self) -> bool:
+        st = self._call(allowed_bytes, self._s, self._h, tail=(self._ok,))
+        return bool(self._ok.any())
+
+    def fill_next_token_bitmask(self, bitmask, index: int = 0, *, debug_print: bool = False) -> bool:
+        """Write the allowed tokens into row ``index`` of ``bitmask`` (int32 ``[batch, ceil(V/32)]``,
+        numpy or a CPU torch tensor). Returns True (the mask must be applied)."""
+        row = _row_words(bitmask, index)
+        self.fill_words(row)
+        return True
+
+    def fill_words(self, words: np.ndarray) -> None:
+        """Fill one mask row given as a uint32 numpy array of ``ceil(V/32)`` words."""
+        n_words = (self.vocab_size + 31) // 32
+        if words.shape[0] < n_words:
+            raise MatcherError(f"bitmask row has {words.shape[0]} words, vocabulary needs {n_words}")
+        if self._terminated:
+            words[:] = 0
+            self._set_stop(words)
+            return
+        trie = self._trie
+        comp = self.compiled
+        stack = self._stack
+        for _ in range(MAX_RESOLVE_ROUNDS):
+            words[:] = 0
+            L, st_keys = comp.lexer_arrays()
+            st = walk_trie(trie.node_byte, trie.node_depth, trie.node_end, trie.node_tok_start,
+                           trie.node_tok_end, trie.tok_ids, self._s, self._h, comp.G, L, st_keys,
+                           stack.P, stack.scratch, stack.hkeys, self._M, self._ls_st, self._h_st, words)
+            if st == OK:
+                break
+            comp.resolve(st, stack, self._M)
+            stack = self._stack
+        else:
+            raise GrammarError("internal error: the mask kernel did not settle")
+        if self._can_end_now():
+            self._set_stop(words)
+
+    def _set_stop(self, words: np.ndarray) -> None:
+        for t in self.stop_token_ids:
+            if 0 <= t < self.vocab_size:
+                words[t >> 5] |= np.uint32(1 << (t & 31))
+
+    def get_next_token_bitmask(self) -> np.ndarray:
+        words = np.zeros((self.vocab_size + 31) // 32, np.uint32)
+        self.fill_words(words)
+        return words.view(np.int32)
+
+    def find_jump_forward_bytes(self, max_bytes: int = 4096) -> bytes:
+        """Bytes the grammar forces from here (possibly ending inside a UTF-8 character)."""
+        if self._terminated:
+            return b""
+        buf = np.zeros(max_bytes, np.uint8)
+        st, n = self._call(jump_forward, self._s, self._h, self._lex_len, tail=(buf, self._ok))
+        return bytes(buf[:n])
+
+    def find_jump_forward_string(self) -> str:
+        """The forced text from here, cut to whole UTF-8 characters (xgrammar's API)."""
+        data = self.find_jump_forward_bytes()
+        return _utf8_prefix(data).decode("utf-8")
+
+    def can_terminate(self) -> bool:
+        """True when a stop token would be accepted now."""
+        return not self._terminated and self._can_end_now()
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self._history)
+
+
+def _utf8_prefix(data: bytes) -> bytes:
+    """Drop an incomplete UTF-8 sequence at the end."""
+    i = len(data)
+    k = 0
+    while i > 0 and k < 4 and (data[i - 1] & 0xC0) == 0x80:
+        i -= 1
+        k += 1
+    if i > 0:
+        lead = data[i - 1]
+        need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 1
+        if need != k + 1:
+            return data[: i - 1]
+    return data
+
+
+def _row_words(bitmask, index: int) -> np.ndarray:
+    """A writable uint32 numpy view of row ``index`` of an int32 bitmask (numpy or CPU torch)."""
+    if isinstance(bitmask, np.ndarray):
+        arr = bitmask
+    else:  # torch tensor on CPU: share memory through numpy
+        if getattr(bitmask, "device", None) is not None and bitmask.device.type != "cpu":
+            raise MatcherError("fill_next_token_bitmask needs a CPU bitmask; copy it to the device after filling")
+        arr = bitmask.numpy()
+    if arr.dtype != np.int32:
+        raise MatcherError(f"bitmask must be int32, got {arr.dtype}")
+    if arr.ndim == 1:
+        if index != 0:
+            raise MatcherError("index must be 0 for a 1-D bitmask")
+        row = arr
+    else:
+        row = arr[index]
+    if not row.flags["C_CONTIGUOUS"]:
+        raise MatcherError("bitmask rows must be contiguous")
+    return row.view(np.uint32)

@@ -1,0 +1,423 @@
+"""Hash-consed byte-level regular expressions with Brzozowski derivatives.
+
+Every regular expression the engine uses (lexemes, slices, schema string constraints) lives in one
+:class:`ExprSet`: a node is created once and named by a small int, so equal expressions have equal
+ids and a derivative cache keyed by ``(id, byte)`` turns the set of expressions into a lazily built
+DFA (the seed's *derivre* design): a state is an expression id, a transition is a derivative.
+
+The alphabet is bytes (0..255). Unicode is handled by the regex front end, which compiles code
+point ranges to UTF-8 byte sequences before they get here.
+
+Node kinds
+    EMPTY   the empty language (id 0)
+    EPS     the empty string (id 1)
+    BYTES   one byte out of a set (a 256-bit int mask)
+    CONCAT  a then b (right-nested)
+    OR      union of a sorted tuple of children
+    AND     intersection of a sorted tuple of children
+    NOT     complement (over all byte strings)
+    REPEAT  a repeated lo..hi times (hi = -1 for unbounded)
+
+Simplification keeps expressions canonical enough that derivative chains close quickly; language
+emptiness is exact (:meth:`ExprSet.alive` explores derivatives when AND/NOT are involved).
+"""
+from __future__ import annotations
+
+from ..errors import GrammarTooComplexError
+
+EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
+KIND_NAMES = ("EMPTY", "EPS", "BYTES", "CONCAT", "OR", "AND", "NOT", "REPEAT")
+ALL_BYTES = (1 << 256) - 1
+INF = -1
+
+
+def _lowbit(mask: int) -> int:
+    return (mask & -mask).bit_length() - 1
+
+
+class ExprSet:
+    """A store of hash-consed byte regexes, their derivatives and properties."""
+
+    EMPTY = 0
+    EPS = 1
+
+    def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000):
+        self.kind: list[int] = []
+        self.args: list[tuple] = []
+        self._nullable: list[bool] = []
+        self._has_bool: list[bool] = []  # contains AND or NOT: emptiness needs exploration
+        self._ids: dict[tuple, int] = {}
+        self._deriv: dict[tuple[int, int], int] = {}
+        self._classes: dict[int, tuple[int, ...]] = {}
+        self._alive: dict[int, bool] = {}
+        self.max_nodes = max_nodes
+        self.max_alive_states = max_alive_states
+        assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
+
+    # ------------------------------------------------------------------ construction
+    def __len__(self) -> int:
+        return len(self.kind)
+
+    def _mk(self, kind: int, args: tuple) -> int:
+        key = (kind, args)
+        i = self._ids.get(key)
+        if i is not None:
+            return i
+        i = len(self.kind)
+        if i >= self.max_nodes:
+            raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
+        if kind == EMPTY or kind == BYTES:
+            nul, hb = False, False
+        elif kind == EPS:
+            nul, hb = True, False
+        elif kind == CONCAT:
+            nul = self._nullable[args[0]] and self._nullable[args[1]]
+            hb = self._has_bool[args[0]] or self._has_bool[args[1]]
+        elif kind == OR:
+            nul = any(self._nullable[a] for a in args)
+            hb = any(self._has_bool[a] for a in args)
+        elif kind == AND:
+            nul = all(self._nullable[a] for a in args)
+            hb = True
+        elif kind == NOT:
+            nul = not self._nullable[args[0]]
+            hb = True
+        else:  # REPEAT
+            nul = args[1] == 0 or self._nullable[args[0]]
+            hb = self._has_bool[args[0]]
+        self.kind.append(kind)
+        self.args.append(args)
+        self._nullable.append(nul)
+        self._has_bool.append(hb)
+        self._ids[key] = i
+        return i
+
+    def byteset(self, mask: int) -> int:
+        mask &= ALL_BYTES
+        return self._mk(BYTES, (mask,)) if mask else EMPTY
+
+    def byte_range(self, lo: int, hi: int) -> int:
+        if lo > hi:
+            return EMPTY
+        return self.byteset(((1 << (hi + 1)) - 1) ^ ((1 << lo) - 1))
+
+    def any_byte(self) -> int:
+        return self.byteset(ALL_BYTES)
+
+    def literal(self, data: bytes | str) -> int:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        e = EPS
+        for b in reversed(data):
+            e = self.concat(self.byteset(1 << b), e)
+        return e
+
+    def concat(self, *xs: int) -> int:
+        r = EPS
+        for x in reversed(xs):
+            r = self._concat2(x, r)
+        return r
+
+    def _concat2(self, a: int, b: int) -> int:
+        if a == EMPTY or b == EMPTY:
+            return EMPTY
+        if a == EPS:
+            return b
+        if b == EPS:
+            return a
+        if self.kind[a] == CONCAT:
+            x, y = self.args[a]
+            return self._concat2(x, self._concat2(y, b))
+        return self._mk(CONCAT, (a, b))
+
+    def alt(self, *xs: int) -> int:
+        items: set[int] = set()
+        mask = 0
+        stack = list(xs)
+        while stack:
+            x = stack.pop()
+            k = self.kind[x]
+            if k == EMPTY:
+                continue
+            if k == OR:
+                stack.extend(self.args[x])
+            elif k == BYTES:
+                mask |= self.args[x][0]
+            else:
+                items.add(x)
+        if mask:
+            items.add(self.byteset(mask))
+        if EPS in items and any(self._nullable[i] for i in items if i != EPS):
+            items.discard(EPS)
+        if not items:
+            return EMPTY
+        if len(items) == 1:
+            return next(iter(items))
+        return self._mk(OR, tuple(sorted(items)))
+
+    def intersect(self, *xs: int) -> int:
+        items: set[int] = set()
+        stack = list(xs)
+        mask = ALL_BYTES
+        has_mask = False
+        while stack:
+            x = stack.pop()
+            k = self.kind[x]
+            if k == EMPTY:
+                return EMPTY
+            if k == AND:
+                stack.extend(self.args[x])
+            elif k == NOT and self.args[x][0] == EMPTY:
+                continue  # universal
+            elif k == BYTES:
+                mask &= self.args[x][0]
+                has_mask = True
+            else:
+                items.add(x)
+        if has_mask:
+            if not mask:
+                return EMPTY
+            # a single byte: keep it if every other part accepts that one-byte string
+            keep = 0
+            m = mask
+            while m:
+                b = _lowbit(m)
+                m &= m - 1
+                if all(self._nullable[self.deriv(i, b)] for i in items):
+                    keep |= 1 << b
+            return self.byteset(keep)
+        if EPS in items:
+            return EPS if all(self._nullable[i] for i in items) else EMPTY
+        if not items:
+            return self.complement(EMPTY)
+        if len(items) == 1:
+            return next(iter(items))
+        return self._mk(AND, tuple(sorted(items)))
+
+    def complement(self, a: int) -> int:
+        if self.kind[a] == NOT:
+            return self.args[a][0]
+        return self._mk(NOT, (a,))
+
+    def repeat(self, a: int, lo: int, hi: int | None = None) -> int:
+        """``a{lo,hi}``; ``hi=None`` (or -1) is unbounded."""
+        if hi is None:
+            hi = INF
+        if hi != INF and hi < lo:
+            return EMPTY
+        if hi == 0:
+            return EPS
+        if a == EMPTY:
+            return EPS if lo == 0 else EMPTY
+        if a == EPS:
+            return EPS
+        if lo == 1 and hi == 1:
+            return a
+        return self._mk(REPEAT, (a, lo, hi))
+
+    def star(self, a: int) -> int:
+        return self.repeat(a, 0, INF)
+
+    def plus(self, a: int) -> int:
+        return self.repeat(a, 1, INF)
+
+    def opt(self, a: int) -> int:
+        return self.repeat(a, 0, 1)
+
+    # ------------------------------------------------------------------ properties
+    def nullable(self, e: int) -> bool:
+        return self._nullable[e]
+
+    def has_bool(self, e: int) -> bool:
+        return self._has_bool[e]
+
+    def deriv(self, e: int, b: int) -> int:
+        """Brzozowski derivative of ``e`` by byte ``b`` (memoised)."""
+        key = (e, b)
+        r = self._deriv.get(key)
+        if r is not None:
+            return r
+        k = self.kind[e]
+        if k == EMPTY or k == EPS:
+            r = EMPTY
+        elif k == BYTES:
+            r = EPS if (self.args[e][0] >> b) & 1 else EMPTY
+        elif k == CONCAT:
+            x, y = self.args[e]
+            r = self._concat2(self.deriv(x, b), y)
+            if self._nullable[x]:
+                r = self.alt(r, self.deriv(y, b))
+        elif k == OR:
+            r = self.alt(*[self.deriv(x, b) for x in self.args[e]])
+        elif k == AND:
+            r = self.intersect(*[self.deriv(x, b) for x in self.args[e]])
+        elif k == NOT:
+            r = self.complement(self.deriv(self.args[e][0], b))
+        else:
+            x, lo, hi = self.args[e]
+            r = self._concat2(self.deriv(x, b), self.repeat(x, max(lo - 1, 0), INF if hi == INF else hi - 1))
+        self._deriv[key] = r
+        return r
+
+    def _first_masks(self, e: int, out: set[int], seen: set[int]) -> None:
+        if e in seen:
+            return
+        seen.add(e)
+        k = self.kind[e]
+        if k == BYTES:
+            out.add(self.args[e][0])
+        elif k == CONCAT:
+            x, y = self.args[e]
+            self._first_masks(x, out, seen)
+            if self._nullable[x]:
+                self._first_masks(y, out, seen)
+        elif k == OR or k == AND:
+            for x in self.args[e]:
+                self._first_masks(x, out, seen)
+        elif k == NOT or k == REPEAT:
+            self._first_masks(self.args[e][0], out, seen)
+
+    def byte_classes(self, e: int) -> tuple[int, ...]:
+        """A partition of the 256 bytes into masks on which the derivative of ``e`` is constant."""
+        r = self._classes.get(e)
+        if r is not None:
+            return r
+        masks: set[int] = set()
+        self._first_masks(e, masks, set())
+        parts = [ALL_BYTES]
+        for m in masks:
+            nxt = []
+            for p in parts:
+                a, b = p & m, p & ~m
+                if a:
+                    nxt.append(a)
+                if b:
+                    nxt.append(b)
+            parts = nxt
+        r = tuple(parts)
+        self._classes[e] = r
+        return r
+
+    def transitions(self, e: int) -> list[tuple[int, int]]:
+        """``[(byte_mask, target)]`` for every live derivative of ``e`` (dead ones left out)."""
+        out = []
+        for m in self.byte_classes(e):
+            t = self.deriv(e, _lowbit(m))
+            if self.alive(t):
+                out.append((m, t))
+        return out
+
+    def alive(self, e: int) -> bool:
+        """True iff the language of ``e`` is non-empty (exact)."""
+        if e == EMPTY:
+            return False
+        if not self._has_bool[e] or self._nullable[e]:
+            return True
+        r = self._alive.get(e)
+        if r is not None:
+            return r
+        seen = {e}
+        todo = [e]
+        found = False
+        while todo and not found:
+            x = todo.pop()
+            for m in self.byte_classes(x):
+                t = self.deriv(x, _lowbit(m))
+                if t == EMPTY or t in seen:
+                    continue
+                if self._nullable[t] or not self._has_bool[t] or self._alive.get(t):
+                    found = True
+                    break
+                seen.add(t)
+                if len(seen) > self.max_alive_states:
+                    raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+                todo.append(t)
+        if not found:
+            for x in seen:
+                self._alive[x] = False
+        self._alive[e] = found
+        return found
+
+    def first_bytes(self, e: int) -> int:
+        """Mask of the bytes that can start a non-empty string of ``e``."""
+        m = 0
+        for mm, _ in self.transitions(e):
+            m |= mm
+        return m
+
+    def can_extend(self, e: int) -> bool:
+        return any(True for _ in self.transitions(e))
+
+    def matches(self, e: int, data: bytes | str) -> bool:
+        if isinstance(data, str):
+            data = data.encode("utf-8")
+        for b in data:
+            e = self.deriv(e, b)
+            if e == EMPTY:
+                return False
+        return self._nullable[e]
+
+    def is_prefix(self, e: int, data: bytes) -> bool:
+        """True iff ``data`` can be extended to a string of ``e``."""
+        for b in data:
+            e = self.deriv(e, b)
+            if e == EMPTY:
+                return False
+        return self.alive(e)
+
+    def nonempty_part(self, e: int) -> int:
+        """An expression for ``L(e) minus {empty string}``, built from derivatives (no AND/NOT)."""
+        if not self._nullable[e]:
+            return e
+        return self.alt(*[self._concat2(self.byteset(m), t) for m, t in self.transitions(e)])
+
+    def is_literal(self, e: int) -> bytes | None:
+        """The single string of ``e`` when ``e`` is a concatenation of single bytes, else None."""
+        out = bytearray()
+        while e != EPS:
+            k = self.kind[e]
+            if k == CONCAT:
+                x, e = self.args[e]
+            elif k == BYTES:
+                x, e = e, EPS
+            else:
+                return None
+            if self.kind[x] != BYTES:
+                return None
+            m = self.args[x][0]
+            if m & (m - 1):
+                return None
+            out.append(_lowbit(m))
+        return bytes(out)
+
+    # ------------------------------------------------------------------ debugging
+    def to_str(self, e: int, depth: int = 0) -> str:
+        k = self.kind[e]
+        if depth > 40:
+            return "…"
+        if k == EMPTY:
+            return "∅"
+        if k == EPS:
+            return "ε"
+        if k == BYTES:
+            return _mask_str(self.args[e][0])
+        if k == CONCAT:
+            return self.to_str(self.args[e][0], depth + 1) + self.to_str(self.args[e][1], depth + 1)
+        if k == OR:
+            return "(" + "|".join(self.to_str(x, depth + 1) for x in self.args[e]) + ")"
+        if k == AND:
+            return "(" + "&".join(self.to_str(x, depth + 1) for x in self.args[e]) + ")"
+        if k == NOT:
+            return "~(" + self.to_str(self.args[e][0], depth + 1) + ")"
+        x, lo, hi = self.args[e]
+        return "(" + self.to_str(x, depth + 1) + f"){{{lo},{'' if hi == INF else hi}}}"
+
+
+def _mask_str(m: int) -> str:
+    if m == ALL_BYTES:
+        return "."
+    bs = [b for b in range(256) if (m >> b) & 1]
+    if len(bs) == 1:
+        c = bs[0]
+        return chr(c) if 32 < c < 127 and chr(c) not in "()[]{}|.*+?\\" else f"\\x{c:02x}"
+    return "[" + "".join(chr(c) if 32 < c < 127 and chr(c) not in "]\\-^" else f"\\x{c:02x}" for c in bs[:40]) + ("…" if len(bs) > 40 else "") + "]"
