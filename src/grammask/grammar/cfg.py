@@ -16,7 +16,9 @@ expression in the grammar's :class:`~.regexset.ExprSet`.
    string of a lexeme can be extended, by itself or by a lexeme live beside it, with a byte that may
    follow it in the grammar. Lexemes that break this are split (concatenations into sequences,
    unions into rules, repetitions into recursive rules) until every lexeme is safe; single-byte
-   lexemes always are. Front ends that build lexemes known to be safe (JSON) skip the check.
+   lexemes always are. Front ends that build lexemes known to be safe (JSON) pass
+   ``check_lexemes=False``: their terminals are then taken as the lexemes, as given (steps 2 and 4
+   are skipped).
 5. the rules are flattened into int32 arrays for the Earley kernels (:mod:`.earley`).
 """
 from __future__ import annotations
@@ -285,12 +287,16 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 new_alts.append(b)
             rules[nt] = new_alts
 
-    for nt in rules:
-        rules[nt] = [merge_terminals(a) for a in rules[nt]]
-    prune()
-    for _ in range(MAX_LOWER_ROUNDS):
-        if not inline_regular():
-            break
+    if check_lexemes:
+        # build words: merge adjacent terminals and inline regular rules (checked below)
+        for nt in rules:
+            rules[nt] = [merge_terminals(a) for a in rules[nt]]
+        prune()
+        for _ in range(MAX_LOWER_ROUNDS):
+            if not inline_regular():
+                break
+    else:
+        prune()
     split_nullable_terminals()
     prune()
 
