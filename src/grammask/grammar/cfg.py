@@ -416,20 +416,32 @@ def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable
         if not to_split:
             return
         repl = {e: _split(ex, e, rules, fresh) for e in to_split}
-        for nt in list(rules):
-            new_alts = []
-            for a in rules[nt]:
-                b: list[int] = []
-                for s in a:
-                    if s < 0 and ~s in repl:
-                        b.extend(repl[~s])
-                    else:
-                        b.append(s)
-                new_alts.append(b)
-            rules[nt] = new_alts
+        _replace_terminals(rules, repl)
+        # nullable pieces are split structurally too (star -> recursive rule, ...): rebuilding
+        # them with nonempty_part would recreate the very lexeme that was just split
+        for _ in range(MAX_LOWER_ROUNDS):
+            nullable = {~s for alts in list(rules.values()) for a in alts for s in a
+                        if s < 0 and ex.nullable(~s) and _splittable(ex, ~s)}
+            if not nullable:
+                break
+            _replace_terminals(rules, {e: _split(ex, e, rules, fresh) for e in nullable})
         split_nullable_terminals()
         prune()
     raise GrammarTooComplexError("could not split the grammar's terminals into unambiguous lexemes")
+
+
+def _replace_terminals(rules, repl: dict[int, list[int]]) -> None:
+    for nt in list(rules):
+        new_alts = []
+        for a in rules[nt]:
+            b: list[int] = []
+            for s in a:
+                if s < 0 and ~s in repl:
+                    b.extend(repl[~s])
+                elif s != ~EPS:
+                    b.append(s)
+            new_alts.append(b)
+        rules[nt] = new_alts
 
 
 def _splittable(ex: ExprSet, e: int) -> bool:
@@ -443,7 +455,7 @@ def _split(ex: ExprSet, e: int, rules, fresh) -> list[int]:
         return [~a, ~b]
     if k == OR:
         nt = fresh("alt")
-        rules[nt] = [[~x] for x in ex.args[e]]
+        rules[nt] = [[] if x == EPS else [~x] for x in ex.args[e]]
         return [nt]
     if k == REPEAT:
         a, lo, hi = ex.args[e]

@@ -34,7 +34,26 @@ class CompiledGrammar:
         self._initial_row(stack)
         self.initial_state = int(stack.row_ls[0])
         self.lexer.warm_up(self.initial_state, budget=64)
+        self._forest = None
+        self._slicer = None
         self.compile_time_s = time.perf_counter() - t0
+
+    @property
+    def forest(self):
+        """The tokenizer's slice forest (built once per tokenizer, shared)."""
+        if self._forest is None:
+            from .slicer import slice_forest
+
+            self._forest = slice_forest(self.tokenizer_info)
+        return self._forest
+
+    @property
+    def slicer(self):
+        if self._slicer is None:
+            from .slicer import SliceChecker
+
+            self._slicer = SliceChecker(self.lexer, self.forest.patterns)
+        return self._slicer
 
     # ------------------------------------------------------------------ kernel plumbing
     def lexer_arrays(self):

@@ -69,23 +69,51 @@ def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
 
 @njit(nogil=True, cache=True)
 def walk_trie(node_byte, node_depth, node_end, node_tok_start, node_tok_end, tok_ids,
+              seg_start, seg_end, seg_skip,
               s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, words):
     """OR into ``words`` (uint32 view of one bitmask row) every token of the trie allowed from
-    lexer state ``s0`` over ``h0`` rows. Returns OK, MISSING (some subtrees were skipped for want
-    of lexer states; call again once they are built) or a GROW_* status."""
+    lexer state ``s0`` over ``h0`` rows, jumping over the forest segments ``k`` with
+    ``seg_skip[k]`` (slices whose mask the caller ORs in). Returns OK, MISSING (some subtrees were
+    skipped for want of lexer states; call again once they are built) or a GROW_* status."""
     trans = L[L_TRANS]
+    state_acc = L[L_STATE_ACC]
+    row_key = P[P_ROW_KEY]
+    row_ls = P[P_ROW_LS]
     ls_st[0] = s0
     h_st[0] = h0
     cache_top = h0
     incomplete = False
     n = node_byte.shape[0]
+    n_seg = seg_start.shape[0]
+    seg = 0
     i = 1
     while i < n:
+        while seg < n_seg and i == seg_start[seg]:
+            if seg_skip[seg]:
+                i = seg_end[seg]
+            seg += 1
+        if i >= n:
+            break
         d = node_depth[i]
         s = ls_st[d - 1]
         h = h_st[d - 1]
         b = node_byte[i]
         t = trans[s * 256 + b]
+        if t == -1:
+            # the fast paths of step_slow, inlined: calls pass many arrays (refcounts) and cost
+            k = state_acc[s]
+            if k < 0:
+                i = node_end[i]
+                continue
+            if h < cache_top and row_key[h] == k:
+                s2 = row_ls[h]
+                if s2 >= 0:
+                    t = trans[s2 * 256 + b]
+                    if t == -1:
+                        i = node_end[i]
+                        continue
+                    if t >= 0:
+                        h += 1
         if t < 0:
             st, t, h, cache_top = step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
             if st != OK:

@@ -35,10 +35,9 @@ class GrammarMatcher:
         self._stop_set = frozenset(self.stop_token_ids)
         self.terminate_without_stop_token = terminate_without_stop_token
         self.max_rollback_tokens = max_rollback_tokens
-        self._trie = info.trie
         self._token_bytes = info.token_bytes
         self._M = compiled.new_missing(compiled.flat.n_lexemes)
-        depth = int(self._trie.max_depth) + 2
+        depth = int(compiled.forest.trie.max_depth) + 2
         self._ls_st = np.zeros(depth, np.int32)
         self._h_st = np.zeros(depth, np.int32)
         self._out = np.zeros(2, np.int32)
@@ -163,14 +162,17 @@ class GrammarMatcher:
             words[:] = 0
             self._set_stop(words)
             return
-        trie = self._trie
         comp = self.compiled
+        forest = comp.forest
+        trie = forest.trie
+        skip = comp.slicer.skip_flags(self._s)
         stack = self._stack
         for _ in range(MAX_RESOLVE_ROUNDS):
             words[:] = 0
             L, st_keys = comp.lexer_arrays()
             st = walk_trie(trie.node_byte, trie.node_depth, trie.node_end, trie.node_tok_start,
-                           trie.node_tok_end, trie.tok_ids, self._s, self._h, comp.G, L, st_keys,
+                           trie.node_tok_end, trie.tok_ids, forest.seg_start, forest.seg_end, skip,
+                           self._s, self._h, comp.G, L, st_keys,
                            stack.P, stack.scratch, stack.hkeys, self._M, self._ls_st, self._h_st, words)
             if st == OK:
                 break
@@ -178,6 +180,10 @@ class GrammarMatcher:
             stack = self._stack
         else:
             raise GrammarError("internal error: the mask kernel did not settle")
+        for k in range(skip.shape[0]):
+            if skip[k]:
+                np.bitwise_or(words[: forest.slice_words[k].shape[0]], forest.slice_words[k],
+                              out=words[: forest.slice_words[k].shape[0]])
         if self._can_end_now():
             self._set_stop(words)
 

@@ -1,0 +1,128 @@
+"""Token bitmasks: allocation, batched filling in threads, and application to logits.
+
+Layout (shared with xgrammar and llguidance): int32 ``[batch, ceil(vocab_size / 32)]``; token
+``t`` is allowed when bit ``t % 32`` of word ``t // 32`` is set.
+
+This module imports no torch: torch tensors are recognised by duck typing and handled with torch
+operations only when one is passed in. CUDA application lives in :mod:`grammask.adapters`.
+"""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import MatcherError
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def bitmask_words(vocab_size: int) -> int:
+    return (vocab_size + 31) // 32
+
+
+def allocate_token_bitmask(batch_size: int, vocab_size: int, *, backend: str = "numpy"):
+    """A bitmask with every token allowed (all bits set), as numpy or (``backend="torch"``) a
+    CPU torch tensor (pinned memory is left to the caller)."""
+    arr = np.full((batch_size, bitmask_words(vocab_size)), -1, dtype=np.int32)
+    if backend == "numpy":
+        return arr
+    if backend == "torch":
+        import torch
+
+        return torch.from_numpy(arr)
+    raise ValueError(f"unknown backend {backend!r}")
+
+
+def reset_token_bitmask(bitmask) -> None:
+    bitmask[...] = -1
+
+
+def unpack_bitmask(bitmask_row, vocab_size: int) -> np.ndarray:
+    """Boolean ``[vocab_size]`` array from one bitmask row (numpy or CPU torch)."""
+    row = bitmask_row if isinstance(bitmask_row, np.ndarray) else bitmask_row.cpu().numpy()
+    bits = np.unpackbits(row.astype(np.int32).view(np.uint8), bitorder="little")
+    return bits[:vocab_size].astype(bool)
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(1, min(32, os.cpu_count() or 1)),
+                                   thread_name_prefix="grammask-mask")
+    return _POOL
+
+
+def fill_next_token_bitmasks(matchers, bitmask, indices=None, *, parallel: bool = True) -> None:
+    """Fill row ``indices[i]`` (default ``i``) of ``bitmask`` from ``matchers[i]``; ``None``
+    entries leave their row untouched. The Numba kernels release the GIL, so the rows are
+    computed in parallel threads."""
+    if indices is None:
+        indices = range(len(matchers))
+    jobs = [(m, i) for m, i in zip(matchers, indices) if m is not None]
+    if not parallel or len(jobs) <= 1:
+        for m, i in jobs:
+            m.fill_next_token_bitmask(bitmask, i)
+        return
+    futs = [_pool().submit(m.fill_next_token_bitmask, bitmask, i) for m, i in jobs]
+    for f in futs:
+        f.result()
+
+
+def apply_token_bitmask_inplace(logits, bitmask, *, vocab_size: int | None = None, indices=None) -> None:
+    """Set disallowed logits to ``-inf`` in place.
+
+    ``logits``: ``[batch, V]`` or ``[V]`` numpy array or torch tensor (any device for torch: the
+    mask is expanded with torch ops on the logits' device). ``V`` may differ from the bitmask's
+    width * 32 (padded vocabularies): tokens beyond the bitmask are disallowed, bits beyond ``V``
+    are ignored. ``indices``: the logits rows to mask with bitmask rows ``0..len-1``.
+    """
+    if isinstance(logits, np.ndarray):
+        _apply_numpy(logits, np.asarray(bitmask), vocab_size, indices)
+        return
+    _apply_torch(logits, bitmask, vocab_size, indices)
+
+
+def _apply_numpy(logits: np.ndarray, bitmask: np.ndarray, vocab_size, indices) -> None:
+    if bitmask.dtype != np.int32:
+        raise MatcherError("bitmask must be int32")
+    squeeze = logits.ndim == 1
+    lg = logits[None, :] if squeeze else logits
+    bm = bitmask[None, :] if bitmask.ndim == 1 else bitmask
+    V = lg.shape[1] if vocab_size is None else min(vocab_size, lg.shape[1])
+    rows = range(bm.shape[0]) if indices is None else indices
+    for k, r in enumerate(rows):
+        b = bm[k if indices is not None else r]
+        allowed = np.unpackbits(b.view(np.uint8), bitorder="little")
+        n = min(V, allowed.shape[0])
+        row = lg[r]
+        row[:n][allowed[:n] == 0] = -np.inf
+        row[n:] = -np.inf
+
+
+def _apply_torch(logits, bitmask, vocab_size, indices) -> None:
+    import torch
+
+    if not isinstance(bitmask, torch.Tensor):
+        bitmask = torch.from_numpy(np.ascontiguousarray(bitmask))
+    if bitmask.dtype != torch.int32:
+        raise MatcherError("bitmask must be int32")
+    squeeze = logits.dim() == 1
+    lg = logits.unsqueeze(0) if squeeze else logits
+    bm = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
+    bm = bm.to(lg.device, non_blocking=True)
+    V = lg.shape[1] if vocab_size is None else min(vocab_size, lg.shape[1])
+    bits = torch.arange(32, device=lg.device, dtype=torch.int32)
+    allowed = ((bm.unsqueeze(-1) >> bits) & 1).bool().reshape(bm.shape[0], -1)
+    n = min(V, allowed.shape[1])
+    if indices is None:
+        target = lg[: bm.shape[0]]
+        target[:, :n].masked_fill_(~allowed[:, :n], float("-inf"))
+        target[:, n:] = float("-inf")
+    else:
+        idx = torch.as_tensor(list(indices), device=lg.device, dtype=torch.long)
+        sub = lg.index_select(0, idx)
+        sub[:, :n].masked_fill_(~allowed[: len(idx), :n], float("-inf"))
+        sub[:, n:] = float("-inf")
+        lg.index_copy_(0, idx, sub)

@@ -1,0 +1,201 @@
+"""The slicer (llguidance's optimisation): precomputed masks for unconstrained contexts.
+
+Large masks come from nearly unconstrained places, above all the inside of a JSON string. The
+vocabulary is partitioned once per tokenizer into *slices*: the tokens matching
+``[^"\\\\\\x00-\\x1F\\x7F]{1,10}``, then ``{11,30}``, then ``{31,}`` (claimed in that order), and the
+rest. Each part gets its own trie and its own precomputed bitmask; the tries are laid one after the
+other under a shared root (a *forest*), so skipping a slice is one index jump in the walk kernel.
+
+Before walking from lexer state ``s``, we check, once per state, whether every string of a slice's
+regex keeps the lexer alive from ``s`` (a product exploration of the slice's derivatives and the
+lexer DFA). If so, every token of that slice is allowed: its precomputed mask is OR-ed in and its
+trie is skipped. Unlike llguidance's symbolic under-approximation, this check is exact.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+from numba import njit
+
+from .regex import parse_regex
+from .regexset import ExprSet
+from .toktrie import TokTrie
+
+JSON_STRING_SLICES = (
+    r'[^"\\\x00-\x1F\x7F]{1,10}',
+    r'[^"\\\x00-\x1F\x7F]{11,30}',
+    r'[^"\\\x00-\x1F\x7F]{31,}',
+)
+MAX_DFA_STATES = 4096
+MAX_CHECK_PAIRS = 50_000
+
+_FORESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_FOREST_LOCK = threading.Lock()
+
+
+@njit(nogil=True, cache=True)
+def _classify(data, offsets, table, accept, n_tok, out):
+    """``out[t]`` = index of the first slice DFA accepting token ``t`` (or -1)."""
+    n_slices = table.shape[0]
+    for t in range(n_tok):
+        out[t] = -1
+        lo = offsets[t]
+        hi = offsets[t + 1]
+        if hi == lo:
+            continue
+        for k in range(n_slices):
+            s = 0
+            for i in range(lo, hi):
+                s = table[k, s, data[i]]
+                if s < 0:
+                    break
+            if s >= 0 and accept[k, s]:
+                out[t] = k
+                break
+
+
+def _dense_dfa(ex: ExprSet, e: int):
+    states = {e: 0}
+    order = [e]
+    rows = []
+    i = 0
+    while i < len(order):
+        x = order[i]
+        i += 1
+        row = np.full(256, -1, np.int32)
+        for m, t in ex.transitions(x):
+            j = states.get(t)
+            if j is None:
+                j = states[t] = len(order)
+                order.append(t)
+                if len(order) > MAX_DFA_STATES:
+                    raise ValueError("slice regex too large")
+            bs = [b for b in range(256) if (m >> b) & 1]
+            row[bs] = j
+        rows.append(row)
+    return np.stack(rows), np.array([ex.nullable(x) for x in order], dtype=np.bool_)
+
+
+class SliceForest:
+    """The vocabulary split into slices, as one forest trie plus per-slice masks."""
+
+    def __init__(self, tokenizer_info, patterns=JSON_STRING_SLICES):
+        self.patterns = tuple(patterns)
+        tb = tokenizer_info.token_bytes
+        trie = tokenizer_info.trie
+        in_trie = np.zeros(len(tb), dtype=np.bool_)
+        in_trie[trie.tok_ids] = True
+        ex = ExprSet()
+        dfas = [_dense_dfa(ex, parse_regex(p, ex)) for p in self.patterns]
+        n_states = max(d[0].shape[0] for d in dfas)
+        table = np.full((len(dfas), n_states, 256), -1, np.int32)
+        accept = np.zeros((len(dfas), n_states), np.bool_)
+        for k, (t, a) in enumerate(dfas):
+            table[k, : t.shape[0]] = t
+            accept[k, : a.shape[0]] = a
+        lens = np.fromiter((len(b) for b in tb), dtype=np.int64, count=len(tb))
+        offsets = np.zeros(len(tb) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        data = np.frombuffer(b"".join(tb), dtype=np.uint8)
+        cls = np.empty(len(tb), np.int32)
+        _classify(data, offsets, table, accept, len(tb), cls)
+        cls[~in_trie] = -2
+        n_words = (tokenizer_info.vocab_size + 31) // 32
+        groups = [np.nonzero(cls == k)[0] for k in range(len(self.patterns))] + [np.nonzero(cls == -1)[0]]
+        self.slice_words = []
+        for ids in groups[:-1]:
+            w = np.zeros(n_words, np.uint32)
+            np.bitwise_or.at(w, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
+            self.slice_words.append(w)
+        self.slice_sizes = [len(g) for g in groups]
+        tries = [TokTrie._build_from(tb, g.tolist()) for g in groups]
+        self._concat(tries)
+
+    def _concat(self, tries) -> None:
+        nb, nd, ne, ts, te, ids = [np.zeros(1, np.uint8)], [np.zeros(1, np.int16)], [None], [np.zeros(1, np.int32)], [np.zeros(1, np.int32)], []
+        starts, ends = [], []
+        off = 1
+        tok_off = 0
+        for t in tries:
+            k = t.n_nodes - 1
+            starts.append(off)
+            nb.append(t.node_byte[1:])
+            nd.append(t.node_depth[1:])
+            ne.append(t.node_end[1:] - 1 + off)
+            ts.append(t.node_tok_start[1:] + tok_off)
+            te.append(t.node_tok_end[1:] + tok_off)
+            ids.append(t.tok_ids)
+            tok_off += t.tok_ids.shape[0]
+            off += k
+            ends.append(off)
+        ne[0] = np.array([off], np.int32)
+        self.trie = TokTrie(np.concatenate(nb), np.concatenate(nd), np.concatenate(ne).astype(np.int32),
+                            np.concatenate(ts), np.concatenate(te), np.concatenate(ids) if ids else np.zeros(0, np.int32))
+        self.seg_start = np.array(starts[:-1], np.int32)
+        self.seg_end = np.array(ends[:-1], np.int32)
+
+    @property
+    def n_slices(self) -> int:
+        return len(self.patterns)
+
+
+def slice_forest(tokenizer_info, patterns=JSON_STRING_SLICES) -> SliceForest:
+    """The (cached) forest of a tokenizer for the given slice patterns."""
+    with _FOREST_LOCK:
+        per = _FORESTS.get(tokenizer_info)
+        if per is None:
+            per = _FORESTS[tokenizer_info] = {}
+        f = per.get(tuple(patterns))
+        if f is None:
+            f = per[tuple(patterns)] = SliceForest(tokenizer_info, patterns)
+        return f
+
+
+class SliceChecker:
+    """Per compiled grammar: which slices are fully allowed from a lexer state (cached)."""
+
+    def __init__(self, lexer, patterns=JSON_STRING_SLICES):
+        self.lexer = lexer
+        ex = lexer.exprs
+        with lexer.lock:
+            self.exprs = [parse_regex(p, ex) for p in patterns]
+        self._cache: dict[int, np.ndarray] = {}
+        self._bytes_of: dict[int, np.ndarray] = {}
+
+    def skip_flags(self, s: int) -> np.ndarray:
+        f = self._cache.get(s)
+        if f is None:
+            with self.lexer.lock:
+                f = np.array([1 if self._contained(s, e) else 0 for e in self.exprs], np.int32)
+            self._cache[s] = f
+        return f
+
+    def _bytes(self, m: int) -> np.ndarray:
+        b = self._bytes_of.get(m)
+        if b is None:
+            b = self._bytes_of[m] = np.array([i for i in range(256) if (m >> i) & 1], np.int64)
+        return b
+
+    def _contained(self, s0: int, e: int) -> bool:
+        lx = self.lexer
+        ex = lx.exprs
+        seen = {(e, s0)}
+        todo = [(e, s0)]
+        while todo:
+            x, t = todo.pop()
+            if not lx.expanded[t]:
+                lx.expand(t)
+            row = lx.trans[t * 256:(t + 1) * 256]
+            for m, x2 in ex.transitions(x):
+                nxt = row[self._bytes(m)]
+                if (nxt < 0).any():
+                    return False
+                for t2 in np.unique(nxt).tolist():
+                    if (x2, t2) not in seen:
+                        seen.add((x2, t2))
+                        if len(seen) > MAX_CHECK_PAIRS:
+                            return False
+                        todo.append((x2, t2))
+        return True
