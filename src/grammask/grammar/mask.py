@@ -68,11 +68,11 @@ def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
 
 
 @njit(nogil=True, cache=True)
-def walk_trie(node_byte, node_depth, node_end, node_tok_start, node_tok_end, tok_ids,
-              seg_start, seg_end, seg_skip,
-              s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, words):
-    """OR into ``words`` (uint32 view of one bitmask row) every token of the trie allowed from
-    lexer state ``s0`` over ``h0`` rows, jumping over the forest segments ``k`` with
+def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg_skip,
+              s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, allowed):
+    """Set ``allowed[t + 1] = 1`` for every token ``t`` of the trie allowed from lexer state ``s0``
+    over ``h0`` rows (``node_tok[i]`` is the token ending at node ``i`` or -1, which lands in the
+    unused slot 0: a branch-free store), jumping over the forest segments ``k`` with
     ``seg_skip[k]`` (slices whose mask the caller ORs in). Returns OK, MISSING (some subtrees were
     skipped for want of lexer states; call again once they are built) or a GROW_* status."""
     trans = L[L_TRANS]
@@ -127,9 +127,7 @@ def walk_trie(node_byte, node_depth, node_end, node_tok_start, node_tok_end, tok
                 return st
         ls_st[d] = t
         h_st[d] = h
-        for j in range(node_tok_start[i], node_tok_end[i]):
-            tok = tok_ids[j]
-            words[tok >> 5] |= np.uint32(1) << np.uint32(tok & 31)
+        allowed[node_tok[i] + 1] = 1
         i += 1
     return MISSING if incomplete else OK
 

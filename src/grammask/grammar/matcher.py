@@ -42,6 +42,7 @@ class GrammarMatcher:
         self._h_st = np.zeros(depth, np.int32)
         self._out = np.zeros(2, np.int32)
         self._ok = np.zeros(256, np.uint8)
+        self._allowed = np.zeros(self.vocab_size + 1, np.uint8)
         self._special = np.zeros(0, np.int64)
         self.reset()
 
@@ -64,6 +65,7 @@ class GrammarMatcher:
         new._h_st = self._h_st.copy()
         new._out = self._out.copy()
         new._ok = self._ok.copy()
+        new._allowed = self._allowed.copy()
         new._history = deque(self._history, maxlen=self._history.maxlen)
         return new
 
@@ -167,23 +169,30 @@ class GrammarMatcher:
         trie = forest.trie
         skip = comp.slicer.skip_flags(self._s)
         stack = self._stack
+        allowed = self._allowed
         for _ in range(MAX_RESOLVE_ROUNDS):
-            words[:] = 0
+            allowed[:] = 0
             L, st_keys = comp.lexer_arrays()
-            st = walk_trie(trie.node_byte, trie.node_depth, trie.node_end, trie.node_tok_start,
-                           trie.node_tok_end, trie.tok_ids, forest.seg_start, forest.seg_end, skip,
-                           self._s, self._h, comp.G, L, st_keys,
-                           stack.P, stack.scratch, stack.hkeys, self._M, self._ls_st, self._h_st, words)
+            st = walk_trie(trie.node_byte, trie.node_depth, trie.node_end, forest.node_tok,
+                           forest.seg_start, forest.seg_end, skip, self._s, self._h, comp.G, L, st_keys,
+                           stack.P, stack.scratch, stack.hkeys, self._M, self._ls_st, self._h_st, allowed)
             if st == OK:
                 break
             comp.resolve(st, stack, self._M)
             stack = self._stack
         else:
             raise GrammarError("internal error: the mask kernel did not settle")
+        if forest.dup_other.shape[0]:
+            allowed[forest.dup_other + 1] = allowed[forest.dup_first + 1]
+        n_words = (self.vocab_size + 31) // 32
+        words[:n_words] = 0
+        wb = words[:n_words].view(np.uint8)
+        packed = np.packbits(allowed[1:1 + self.vocab_size], bitorder="little")
+        wb[: packed.shape[0]] = packed
         for k in range(skip.shape[0]):
             if skip[k]:
-                np.bitwise_or(words[: forest.slice_words[k].shape[0]], forest.slice_words[k],
-                              out=words[: forest.slice_words[k].shape[0]])
+                sw = forest.slice_words[k]
+                np.bitwise_or(words[: sw.shape[0]], sw, out=words[: sw.shape[0]])
         if self._can_end_now():
             self._set_stop(words)
 

@@ -133,6 +133,19 @@ class SliceForest:
         ne[0] = np.array([off], np.int32)
         self.trie = TokTrie(np.concatenate(nb), np.concatenate(nd), np.concatenate(ne).astype(np.int32),
                             np.concatenate(ts), np.concatenate(te), np.concatenate(ids) if ids else np.zeros(0, np.int32))
+        # one token per node for the kernel; tokens sharing bytes with another are copied after
+        t = self.trie
+        self.node_tok = np.full(t.n_nodes, -1, np.int32)
+        has = t.node_tok_end > t.node_tok_start
+        self.node_tok[has] = t.tok_ids[t.node_tok_start[has]]
+        extra = np.nonzero(t.node_tok_end - t.node_tok_start > 1)[0]
+        firsts, others = [], []
+        for i in extra.tolist():
+            ids = t.tok_ids[t.node_tok_start[i]:t.node_tok_end[i]].tolist()
+            firsts += [ids[0]] * (len(ids) - 1)
+            others += ids[1:]
+        self.dup_first = np.array(firsts, np.int64)
+        self.dup_other = np.array(others, np.int64)
         self.seg_start = np.array(starts[:-1], np.int32)
         self.seg_end = np.array(ends[:-1], np.int32)
 
