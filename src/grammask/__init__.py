@@ -1,1 +1,29 @@
-"""grammask."""
+"""grammask: grammar-constrained LLM decoding.
+
+- :mod:`grammask.grammar`: JSON Schema / EBNF / regex / JSON to compiled grammars and per-token
+  bitmasks (Numba kernels);
+- :mod:`grammask.pipeline`: the async chat engine (web-llm style);
+- :mod:`grammask.adapters`: model backends, CUDA bitmask application, HTTP server, transformers.
+"""
+from . import errors
+from .grammar import (
+    CompiledGrammar,
+    Grammar,
+    GrammarCompiler,
+    GrammarMatcher,
+    TokenizerInfo,
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    bitmask_words,
+    fill_next_token_bitmasks,
+    reset_token_bitmask,
+    unpack_bitmask,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CompiledGrammar", "Grammar", "GrammarCompiler", "GrammarMatcher", "TokenizerInfo",
+    "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_words", "errors",
+    "fill_next_token_bitmasks", "reset_token_bitmask", "unpack_bitmask", "__version__",
+]

@@ -1,0 +1,27 @@
+"""The grammar engine: compile grammars, fill token bitmasks, accept tokens.
+
+Modules, one per concept: ``regexset`` (regex derivatives), ``regex`` (ECMA regex syntax),
+``lexer`` (lazy lexer DFA), ``cfg`` (grammar IR and lowering to lexemes), ``earley`` (parser
+rows), ``mask`` (trie-walk kernel), ``slicer`` (precomputed masks), ``ebnf`` (GBNF front end),
+``builtin`` (JSON grammars), ``json_schema`` (JSON Schema front end), ``tokenizer_info`` and
+``toktrie`` (vocabulary), ``compiler``/``compiled``/``matcher`` (public objects), ``bitmask``.
+"""
+from .bitmask import (
+    allocate_token_bitmask,
+    apply_token_bitmask_inplace,
+    bitmask_words,
+    fill_next_token_bitmasks,
+    reset_token_bitmask,
+    unpack_bitmask,
+)
+from .cfg import Grammar
+from .compiled import CompiledGrammar
+from .compiler import GrammarCompiler
+from .matcher import GrammarMatcher
+from .tokenizer_info import TokenizerInfo
+
+__all__ = [
+    "CompiledGrammar", "Grammar", "GrammarCompiler", "GrammarMatcher", "TokenizerInfo",
+    "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_words",
+    "fill_next_token_bitmasks", "reset_token_bitmask", "unpack_bitmask",
+]

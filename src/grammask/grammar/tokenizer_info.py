@@ -781,6 +781,8 @@ class TokenizerInfo:
         aps = meta.get("tokenizer.ggml.add_space_prefix")
         if aps is None:
             aps = model == "llama"
+        backend = _gguf_bpe_backend(meta) if model == "gpt2" else None
+        encode_fn = (lambda s: backend.encode(s, add_special_tokens=False).ids) if backend is not None else None
         return cls(
             tb,
             vocab_size=vocab_size,
@@ -789,6 +791,8 @@ class TokenizerInfo:
             vocab_type=vt,
             add_prefix_space=bool(aps),
             special_token_text=texts,
+            hf_tokenizer=backend,
+            encode_fn=encode_fn,
             _strict_stops=strict,
         )
 
@@ -961,3 +965,30 @@ __all__ = [
     "is_control_token",
     "read_gguf_metadata",
 ]
+
+
+def _gguf_bpe_backend(meta: dict):
+    """A ``tokenizers`` byte-level BPE rebuilt from a GGUF's vocabulary and merges (for encode()).
+
+    The pre-tokenizer follows ``tokenizer.ggml.pre`` where we know it (``smollm``: digits split one
+    by one, as in SmolLM2's tokenizer.json), else GPT-2's."""
+    merges = meta.get("tokenizer.ggml.merges")
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not merges or not tokens:
+        return None
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {t: i for i, t in enumerate(tokens)}
+    pairs = [tuple(m.split(" ", 1)) for m in merges]
+    tok = Tokenizer(models.BPE(vocab, pairs))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    if meta.get("tokenizer.ggml.pre") == "smollm":
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
+    tok.decoder = decoders.ByteLevel()
+    types = meta.get("tokenizer.ggml.token_type") or []
+    specials = [t for t, ty in zip(tokens, types) if ty in (3, 4)]
+    if specials:
+        tok.add_special_tokens([AddedToken(t, special=True) for t in specials])
+    return tok
