@@ -36,6 +36,7 @@ SYM_END = -1  # end of a production; the lexeme with index l is encoded as -(l +
 MAX_SPLIT_REPEAT = 20_000
 MAX_LOWER_ROUNDS = 64
 MAX_PRODUCT_PAIRS = 5_000
+MAX_LOWER_SECONDS = 30.0
 
 
 def term(e: int) -> int:
@@ -391,6 +392,9 @@ def _extension_bytes(ex: ExprSet, e1: int, e2: int) -> int:
 
 
 def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable_terminals, prune):
+    import time
+
+    deadline = time.monotonic() + MAX_LOWER_SECONDS
     ext_cache: dict[tuple[int, int], int] = {}
     for _ in range(MAX_LOWER_ROUNDS):
         term_follow = _first_follow(ex, rules, root_id)
@@ -405,6 +409,9 @@ def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable
                 if not (firsts[e1] & firsts[e2]):
                     continue
                 key = (e1, e2)
+                if time.monotonic() > deadline:
+                    raise GrammarTooComplexError(
+                        f"checking the grammar's lexemes took over {MAX_LOWER_SECONDS:.0f} s")
                 x = ext_cache.get(key)
                 if x is None:
                     x = ext_cache[key] = _extension_bytes(ex, e1, e2)

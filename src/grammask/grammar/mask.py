@@ -54,7 +54,8 @@ def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
             return st, s, h, h
         cache_top = h + 1
         s2 = row_ls[h]
-    if s2 == -2:
+    if s2 == -2 or s2 * 256 >= L[L_TRANS].shape[0]:
+        # not registered yet, or registered by another thread after our arrays were taken
         return MISSING, s, h, cache_top
     if s2 < 0:
         return REJECT, s, h, cache_top
@@ -77,6 +78,7 @@ def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
     skipped for want of lexer states; call again once they are built) or a GROW_* status."""
     trans = L[L_TRANS]
     state_acc = L[L_STATE_ACC]
+    n_states = trans.shape[0] // 256
     row_key = P[P_ROW_KEY]
     row_ls = P[P_ROW_LS]
     ls_st[0] = s0
@@ -107,7 +109,7 @@ def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
                 continue
             if h < cache_top and row_key[h] == k:
                 s2 = row_ls[h]
-                if s2 >= 0:
+                if s2 >= 0 and s2 < n_states:
                     t = trans[s2 * 256 + b]
                     if t == -1:
                         i = node_end[i]

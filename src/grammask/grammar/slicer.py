@@ -175,7 +175,6 @@ class SliceChecker:
         with lexer.lock:
             self.exprs = [parse_regex(p, ex) for p in patterns]
         self._cache: dict[int, np.ndarray] = {}
-        self._bytes_of: dict[int, np.ndarray] = {}
 
     def skip_flags(self, s: int) -> np.ndarray:
         f = self._cache.get(s)
@@ -185,12 +184,6 @@ class SliceChecker:
             self._cache[s] = f
         return f
 
-    def _bytes(self, m: int) -> np.ndarray:
-        b = self._bytes_of.get(m)
-        if b is None:
-            b = self._bytes_of[m] = np.array([i for i in range(256) if (m >> i) & 1], np.int64)
-        return b
-
     def _contained(self, s0: int, e: int) -> bool:
         lx = self.lexer
         ex = lx.exprs
@@ -198,15 +191,12 @@ class SliceChecker:
         todo = [(e, s0)]
         while todo:
             x, t = todo.pop()
-            if not lx.expanded[t]:
-                lx.expand(t)
-            row = lx.trans[t * 256:(t + 1) * 256]
+            classes, dead = lx.row_classes(t)
             for m, x2 in ex.transitions(x):
-                nxt = row[self._bytes(m)]
-                if (nxt < 0).any():
+                if m & dead:
                     return False
-                for t2 in np.unique(nxt).tolist():
-                    if (x2, t2) not in seen:
+                for t2, tm in classes:
+                    if m & tm and (x2, t2) not in seen:
                         seen.add((x2, t2))
                         if len(seen) > MAX_CHECK_PAIRS:
                             return False
