@@ -319,15 +319,25 @@ def _nullable_nts(rules: dict[int, list[list[int]]]) -> set[int]:
     return nullable
 
 
-def _first_follow(ex: ExprSet, rules, root_id):
+def _follow_sets(rules, root_id, term_value) -> tuple[dict[int, int], int]:
+    """For every terminal, the union over its occurrences of what may come right after it, and
+    what may come first from the root; ``term_value(e)`` is a terminal's own (bitset) value:
+    its first bytes, or its lexeme bit."""
     nullable = _nullable_nts(rules)
     first: dict[int, int] = {nt: 0 for nt in rules}
+    tv: dict[int, int] = {}
+
+    def value(e: int) -> int:
+        v = tv.get(e)
+        if v is None:
+            v = tv[e] = term_value(e)
+        return v
 
     def first_of(seq) -> tuple[int, bool]:
         m = 0
         for s in seq:
             if s < 0:
-                return m | ex.first_bytes(~s), False
+                return m | value(~s), False
             m |= first[s]
             if s not in nullable:
                 return m, False
@@ -367,7 +377,44 @@ def _first_follow(ex: ExprSet, rules, root_id):
                     if nul:
                         m |= follow[nt]
                     term_follow[~s] = term_follow.get(~s, 0) | m
-    return term_follow
+    return term_follow, first[root_id]
+
+
+def _colive(ex: ExprSet, rules, root_id, terms: list[int]) -> dict[int, int]:
+    """For each terminal, a bitset (by position in ``terms``) of the terminals that may be
+    allowed in the same Earley row (a sound over-approximation).
+
+    A row is the initial row or comes from scanning the lexemes that ended together; what it
+    allows is what may follow one of them. So the groups are FIRST(root) and FOLLOW(X) for each
+    terminal X, and FOLLOW(X1) | FOLLOW(X2) whenever X1 and X2 share a group and a string."""
+    bit = {e: 1 << i for i, e in enumerate(terms)}
+    follow, start = _follow_sets(rules, root_id, lambda e: bit[e])
+    groups = {start} | {follow.get(e, 0) for e in terms}
+    meets: dict[tuple[int, int], bool] = {}
+    for _ in range(8):
+        new = set()
+        for g in groups:
+            members = [e for e in terms if g & bit[e]]
+            for i, x1 in enumerate(members):
+                for x2 in members[i + 1:]:
+                    k = (x1, x2)
+                    if k not in meets:
+                        meets[k] = ex.alive(ex.intersect(x1, x2))
+                    if meets[k]:
+                        u = follow.get(x1, 0) | follow.get(x2, 0)
+                        if u not in groups:
+                            new.add(u)
+        if not new:
+            break
+        groups |= new
+    else:
+        return {e: (1 << len(terms)) - 1 for e in terms}
+    out = {e: bit[e] for e in terms}
+    for g in groups:
+        for e in terms:
+            if g & bit[e]:
+                out[e] |= g
+    return out
 
 
 def _extension_bytes(ex: ExprSet, e1: int, e2: int) -> int:
@@ -397,16 +444,17 @@ def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable
     deadline = time.monotonic() + MAX_LOWER_SECONDS
     ext_cache: dict[tuple[int, int], int] = {}
     for _ in range(MAX_LOWER_ROUNDS):
-        term_follow = _first_follow(ex, rules, root_id)
+        term_follow, _ = _follow_sets(rules, root_id, ex.first_bytes)
         terms = sorted(term_follow)
+        colive = _colive(ex, rules, root_id, terms)
         firsts = {e: ex.first_bytes(e) for e in terms}
-        to_split: set[int] = set()
+        to_split: dict[int, int | None] = {}
         for e1 in terms:
             fol = term_follow[e1]
             if not fol:
                 continue
-            for e2 in terms:
-                if not (firsts[e1] & firsts[e2]):
+            for j, e2 in enumerate(terms):
+                if not (colive[e1] >> j) & 1 or not (firsts[e1] & firsts[e2]):
                     continue
                 key = (e1, e2)
                 if time.monotonic() > deadline:
@@ -417,12 +465,12 @@ def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable
                     x = ext_cache[key] = _extension_bytes(ex, e1, e2)
                 if x == -1 or x & fol:
                     if _splittable(ex, e2):
-                        to_split.add(e2)
+                        to_split.setdefault(e2, e1 if e2 != e1 else None)
                     elif _splittable(ex, e1):
-                        to_split.add(e1)
+                        to_split.setdefault(e1, None)
         if not to_split:
             return
-        repl = {e: _split(ex, e, rules, fresh) for e in to_split}
+        repl = {e: _split(ex, e, rules, fresh, hint) for e, hint in to_split.items()}
         _replace_terminals(rules, repl)
         # nullable pieces are split structurally too (star -> recursive rule, ...): rebuilding
         # them with nonempty_part would recreate the very lexeme that was just split
@@ -455,9 +503,21 @@ def _splittable(ex: ExprSet, e: int) -> bool:
     return ex.kind[e] in (CONCAT, OR, REPEAT)
 
 
-def _split(ex: ExprSet, e: int, rules, fresh) -> list[int]:
+def _split(ex: ExprSet, e: int, rules, fresh, hint: int | None = None) -> list[int]:
+    """Split terminal ``e`` one level; a concatenation that starts with the lexeme ``hint`` (the
+    one it extends) is cut right after it, so the shorter lexeme is kept whole."""
     k = ex.kind[e]
     if k == CONCAT:
+        if hint is not None:
+            xs = []
+            x = e
+            while ex.kind[x] == CONCAT:
+                xs.append(ex.args[x][0])
+                x = ex.args[x][1]
+            xs.append(x)
+            for cut in range(len(xs) - 1, 0, -1):
+                if ex.concat(*xs[:cut]) == hint:
+                    return [~hint, ~ex.concat(*xs[cut:])]
         a, b = ex.args[e]
         return [~a, ~b]
     if k == OR:
