@@ -1,0 +1,407 @@
+"""MaskBench (JSONSchemaBench) harness: grammask against llguidance and xgrammar, same run.
+
+    python benchmarks/maskbench.py DATA_DIR [--engines grammask,llguidance,xgrammar] [--every N]
+        [--timeout S] [--tokenizer llama3] [--max-schemas K] [--no-write]
+
+Method (as MaskBench): for each schema compile once; for each test instance, ``json.dumps(data)``
+(default separators) tokenized with the Llama-3 tokenizer; before each token compute the mask,
+then commit the token if it is allowed. A valid instance must be accepted to its end (and the
+grammar must be able to stop there); an invalid one must be rejected somewhere.
+
+TTFM (time to first mask) = compile + the first mask. TBM (time between masks) = one later mask
+plus the commit of its token. Each engine runs in its own worker process; every schema has a time
+limit covering its compile and all its masks, and a crash or hang of one schema is recorded and
+the worker restarted, so the run always finishes.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import (  # noqa: E402
+    RESULTS_MD,
+    Llama3,
+    command_line,
+    fmt,
+    machine_line,
+    md_table,
+    package_versions,
+    percentile,
+    update_results_section,
+)
+
+ENGINES = ("grammask", "llguidance", "xgrammar")
+
+
+# ------------------------------------------------------------------------------ engines (workers)
+class GrammaskEngine:
+    def __init__(self, tok_path: str):
+        from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo, allocate_token_bitmask
+
+        self.info = TokenizerInfo.from_huggingface(tok_path)
+        _ = self.info.trie
+        self.compiler = GrammarCompiler(self.info, cache_size=0)
+        self.Matcher = GrammarMatcher
+        self.bitmask = allocate_token_bitmask(1, self.info.vocab_size)
+
+    def compile(self, schema):
+        return self.compiler.compile_json_schema(schema)
+
+    def matcher(self, compiled):
+        return self.Matcher(compiled)
+
+    def fill(self, m) -> None:
+        m.fill_next_token_bitmask(self.bitmask, 0)
+
+    def allowed(self, t: int) -> bool:
+        return bool((int(self.bitmask[0, t >> 5]) >> (t & 31)) & 1)
+
+    def accept(self, m, t: int) -> bool:
+        return m.accept_token(t)
+
+    def can_stop(self, m) -> bool:
+        return m.can_terminate()
+
+
+class LLGuidanceEngine:
+    def __init__(self, tok_path: str):
+        import llguidance
+        import llguidance.hf
+        import llguidance.numpy
+        from transformers import PreTrainedTokenizerFast
+
+        hf = PreTrainedTokenizerFast(tokenizer_file=tok_path)
+        self.tok = llguidance.hf.from_tokenizer(hf)
+        self.ll = llguidance
+        self.np = llguidance.numpy
+        self.bitmask = llguidance.numpy.allocate_token_bitmask(1, self.tok.vocab_size)
+
+    def compile(self, schema):
+        grm = self.ll.LLMatcher.grammar_from_json_schema(schema, defaults={"whitespace_flexible": True})
+        err = self.ll.LLMatcher.validate_grammar(grm, self.tok)
+        if err:
+            raise ValueError(err)
+        return grm
+
+    def matcher(self, grm):
+        m = self.ll.LLMatcher(self.tok, grm)
+        if m.is_error():
+            raise ValueError(m.get_error())
+        return m
+
+    def fill(self, m) -> None:
+        self.np.fill_next_token_bitmask(m, self.bitmask, 0)
+
+    def allowed(self, t: int) -> bool:
+        return bool((int(self.bitmask[0, t >> 5]) >> (t & 31)) & 1)
+
+    def accept(self, m, t: int) -> bool:
+        return m.consume_token(t) and not m.is_error()
+
+    def can_stop(self, m) -> bool:
+        return m.is_accepting()
+
+
+class XGrammarEngine:
+    def __init__(self, tok_path: str):
+        import xgrammar as xgr
+        from transformers import PreTrainedTokenizerFast
+
+        hf = PreTrainedTokenizerFast(tokenizer_file=tok_path)
+        self.xgr = xgr
+        self.info = xgr.TokenizerInfo.from_huggingface(hf)
+        self.compiler = xgr.GrammarCompiler(self.info, cache_enabled=False)
+        self.bitmask = xgr.allocate_token_bitmask(1, self.info.vocab_size)
+
+    def compile(self, schema):
+        return self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=True, strict_mode=False)
+
+    def matcher(self, compiled):
+        return self.xgr.GrammarMatcher(compiled)
+
+    def fill(self, m) -> None:
+        m.fill_next_token_bitmask(self.bitmask, 0)
+
+    def allowed(self, t: int) -> bool:
+        return bool((int(self.bitmask[0, t >> 5]) >> (t & 31)) & 1)
+
+    def accept(self, m, t: int) -> bool:
+        return m.accept_token(t)
+
+    def can_stop(self, m) -> bool:
+        self.fill(m)
+        return any(self.allowed(s) for s in self.info.stop_token_ids)
+
+
+ENGINE_CLASSES = {"grammask": GrammaskEngine, "llguidance": LLGuidanceEngine, "xgrammar": XGrammarEngine}
+
+
+def run_schema(engine, schema, tests) -> dict:
+    """Compile ``schema`` and run its tests; all times in microseconds."""
+    out = {"compile_error": None, "ttfm_us": None, "tbm_us": [], "tests": []}
+    t0 = time.perf_counter()
+    try:
+        compiled = engine.compile(schema)
+        first = engine.matcher(compiled)
+        engine.fill(first)
+    except Exception as e:  # noqa: BLE001 - every compile failure is a result
+        out["compile_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+        return out
+    out["ttfm_us"] = (time.perf_counter() - t0) * 1e6
+    for k, (valid, tokens) in enumerate(tests):
+        m = first if k == 0 else engine.matcher(compiled)
+        accepted = True
+        for i, t in enumerate(tokens):
+            t1 = time.perf_counter()
+            if i > 0 or k > 0:
+                engine.fill(m)
+            ok = engine.allowed(t) and engine.accept(m, t)
+            if i > 0 or k > 0:
+                out["tbm_us"].append((time.perf_counter() - t1) * 1e6)
+            if not ok:
+                accepted = False
+                break
+        if accepted:
+            accepted = engine.can_stop(m)
+        out["tests"].append((valid, accepted))
+    return out
+
+
+def worker(name: str, tok_path: str, conn) -> None:
+    try:
+        engine = ENGINE_CLASSES[name](tok_path)
+    except Exception:  # noqa: BLE001
+        conn.send(("init_error", traceback.format_exc()))
+        return
+    conn.send(("ready", None))
+    while True:
+        msg = conn.recv()
+        if msg is None:
+            return
+        sid, schema, tests = msg
+        try:
+            res = run_schema(engine, schema, tests)
+        except Exception as e:  # noqa: BLE001
+            res = {"compile_error": None, "crash": f"{type(e).__name__}: {e}", "ttfm_us": None,
+                   "tbm_us": [], "tests": []}
+        conn.send(("result", res))
+
+
+class Worker:
+    def __init__(self, name: str, tok_path: str):
+        self.name, self.tok_path = name, tok_path
+        self.ctx = mp.get_context("spawn")
+        self.proc = None
+        self.start()
+
+    def start(self) -> None:
+        self.conn, child = self.ctx.Pipe()
+        self.proc = self.ctx.Process(target=worker, args=(self.name, self.tok_path, child), daemon=True)
+        self.proc.start()
+        if not self.conn.poll(600):
+            raise SystemExit(f"{self.name}: worker did not start")
+        kind, payload = self.conn.recv()
+        if kind != "ready":
+            raise SystemExit(f"{self.name}: worker failed to start:\n{payload}")
+
+    def run(self, sid, schema, tests, timeout: float) -> dict:
+        try:
+            self.conn.send((sid, schema, tests))
+            if self.conn.poll(timeout):
+                kind, res = self.conn.recv()
+                return res
+            status = "timeout"
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            status = "crash"
+        if status == "timeout" or not self.proc.is_alive():
+            pass
+        self.proc.kill()
+        self.proc.join()
+        if self.proc.exitcode not in (None, -9) and status == "timeout":
+            status = "crash"
+        self.start()
+        return {"compile_error": None, status: True, "ttfm_us": None, "tbm_us": [], "tests": []}
+
+    def close(self) -> None:
+        try:
+            self.conn.send(None)
+        except Exception:  # noqa: BLE001
+            pass
+        self.proc.join(5)
+        if self.proc.is_alive():
+            self.proc.kill()
+
+
+# ------------------------------------------------------------------------------ data and report
+def load_schemas(data_dir: Path, every: int, max_schemas: int | None):
+    files = sorted(data_dir.glob("*.jsonl"))
+    if not files:
+        raise SystemExit(f"no *.jsonl in {data_dir}")
+    out = []
+    idx = 0
+    for f in files:
+        with open(f) as fh:
+            for line in fh:
+                if idx % every == 0:
+                    rec = json.loads(line)
+                    out.append((rec["id"], f.stem, rec["schema"], rec.get("tests", [])))
+                idx += 1
+    return out[:max_schemas] if max_schemas else out
+
+
+def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
+    tbm = sorted(t for r in results for t in r["tbm_us"])
+    ttfm = sorted(r["ttfm_us"] for r in results if r["ttfm_us"] is not None)
+    s = {"engine": name, "schemas": len(results), "tbm": tbm, "ttfm": ttfm}
+    s["compile_errors"] = sum(1 for r in results if r["compile_error"])
+    s["timeouts"] = sum(1 for r in results if r.get("timeout"))
+    s["crashes"] = sum(1 for r in results if r.get("crash"))
+    s["valid_rejected"] = sum(1 for r in results for v, a in r["tests"] if v and not a)
+    s["invalid_accepted"] = sum(1 for r in results for v, a in r["tests"] if not v and a)
+    s["tests"] = sum(len(r["tests"]) for r in results)
+    passing = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash")
+               and all(v == a for v, a in r["tests"]) for r in results]
+    s["passing"] = sum(passing)
+    per_split = defaultdict(lambda: [0, 0])
+    for sp, ok in zip(splits, passing):
+        per_split[sp][0] += ok
+        per_split[sp][1] += 1
+    s["per_split"] = dict(per_split)
+    return s
+
+
+def pct(vals, q):
+    return percentile(vals, q) if vals else float("nan")
+
+
+def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
+    lines = [f"{n_schemas} schemas (every {args.every}th of {args.data}), tokenizer Llama-3, "
+             f"timeout {args.timeout:g} s per schema; {machine_line()}; run took {elapsed:.0f} s.", ""]
+    head = ["engine", "passing", "compile errors", "timeouts", "crashes", "valid rejected",
+            "invalid accepted", "tests"]
+    rows = [[s["engine"], f"{s['passing']} ({100 * s['passing'] / max(1, s['schemas']):.1f}%)",
+             s["compile_errors"], s["timeouts"], s["crashes"], s["valid_rejected"], s["invalid_accepted"],
+             s["tests"]] for s in summaries]
+    lines += ["### Correctness", "", md_table(head, rows), ""]
+    qs = [25, 50, 75, 90, 95, 99, 99.9]
+    head = ["engine", "masks", "avg"] + [f"p{q:g}" for q in qs] + ["max"]
+    rows = []
+    for s in summaries:
+        v = s["tbm"]
+        rows.append([s["engine"], len(v), fmt(sum(v) / len(v) if v else float("nan"))]
+                    + [fmt(pct(v, q)) for q in qs] + [fmt(v[-1] if v else float("nan"))])
+    lines += ["### TBM: time between masks (µs)", "", md_table(head, rows), ""]
+    head = ["engine", "schemas", "avg"] + [f"p{q:g}" for q in qs[:-1]] + ["max"]
+    rows = []
+    for s in summaries:
+        v = [x / 1000 for x in s["ttfm"]]
+        rows.append([s["engine"], len(v), fmt(sum(v) / len(v) if v else float("nan"), 2)]
+                    + [fmt(pct(v, q), 2) for q in qs[:-1]] + [fmt(v[-1] if v else float("nan"), 2)])
+    lines += ["### TTFM: compile + first mask (ms)", "", md_table(head, rows), ""]
+    base = {s["engine"]: s for s in summaries}
+    if "grammask" in base and len(base) > 1:
+        g = base["grammask"]
+        rows = []
+        for s in summaries:
+            if s["engine"] == "grammask" or not s["tbm"] or not g["tbm"]:
+                continue
+            rows.append([f"grammask / {s['engine']}",
+                         fmt((sum(g["tbm"]) / len(g["tbm"])) / (sum(s["tbm"]) / len(s["tbm"])), 2),
+                         fmt(pct(g["tbm"], 50) / pct(s["tbm"], 50), 2),
+                         fmt(pct(g["ttfm"], 50) / pct(s["ttfm"], 50), 2) if s["ttfm"] and g["ttfm"] else "-"])
+        lines += ["### Ratios (lower is better for grammask)", "",
+                  md_table(["ratio", "TBM avg", "TBM p50", "TTFM p50"], rows), ""]
+    splits = sorted({sp for s in summaries for sp in s["per_split"]})
+    head = ["split"] + [s["engine"] for s in summaries]
+    rows = []
+    for sp in splits:
+        row = [sp]
+        for s in summaries:
+            ok, n = s["per_split"].get(sp, (0, 0))
+            row.append(f"{ok}/{n}")
+        rows.append(row)
+    lines += ["### Passing schemas per split", "", md_table(head, rows), ""]
+    return "\n".join(lines)
+
+
+def plot(summaries: list[dict], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import numpy as np
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for s in summaries:
+        v = np.asarray(s["tbm"])
+        if v.size:
+            ax.plot(np.sort(v), np.linspace(0, 1, v.size), label=f"{s['engine']} (n={v.size})")
+    ax.set_xscale("log")
+    ax.set_xlabel("time between masks (µs, log scale)")
+    ax.set_ylabel("fraction of masks")
+    ax.set_title("MaskBench: distribution of mask times")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("data", nargs="?", default=str(Path(__file__).resolve().parents[2] / "shared" / "maskbench"))
+    ap.add_argument("--engines", default=",".join(ENGINES))
+    ap.add_argument("--every", type=int, default=20)
+    ap.add_argument("--timeout", type=float, default=30.0)
+    ap.add_argument("--tokenizer", default="llama3", choices=["llama3"])
+    ap.add_argument("--max-schemas", type=int, default=None)
+    ap.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
+    ap.add_argument("--plot", default=str(Path(__file__).resolve().parent / "maskbench_tbm.png"))
+    args = ap.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    for e in engines:
+        if e not in ENGINE_CLASSES:
+            raise SystemExit(f"unknown engine {e!r}")
+    tok = Llama3()
+    schemas = load_schemas(Path(args.data), args.every, args.max_schemas)
+    tasks = []
+    for sid, split, schema, tests in schemas:
+        toks = [(bool(t["valid"]), tok.encode(json.dumps(t["data"]))) for t in tests]
+        tasks.append((sid, split, schema, toks))
+    t_start = time.time()
+    summaries = []
+    for name in engines:
+        w = Worker(name, tok.path)
+        results = []
+        t0 = time.time()
+        for k, (sid, split, schema, toks) in enumerate(tasks):
+            results.append(w.run(sid, schema, toks, args.timeout))
+            if (k + 1) % 50 == 0:
+                print(f"  {name}: {k + 1}/{len(tasks)} schemas, {time.time() - t0:.0f} s", file=sys.stderr)
+        w.close()
+        s = summarize(name, results, [t[1] for t in tasks])
+        s["failures"] = [(t[0], r.get("compile_error") or ("timeout" if r.get("timeout") else "crash" if r.get("crash") else None))
+                         for t, r in zip(tasks, results)]
+        summaries.append(s)
+        print(f"{name}: passing {s['passing']}/{s['schemas']}, invalid accepted {s['invalid_accepted']}, "
+              f"valid rejected {s['valid_rejected']}", file=sys.stderr)
+    body = report(summaries, args, len(tasks), time.time() - t_start)
+    body += "\n" + package_versions(["grammask", "llguidance", "xgrammar"]) + "\n"
+    body += f"\nCommand: `{command_line()}`\n\nPlot: `benchmarks/{Path(args.plot).name}`\n"
+    print(body)
+    if not args.no_write:
+        plot(summaries, Path(args.plot))
+        update_results_section(RESULTS_MD, "maskbench.py", body)
+
+
+if __name__ == "__main__":
+    main()
