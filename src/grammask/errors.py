@@ -73,3 +73,30 @@ class MatcherError(GrammaskError, RuntimeError):
 
 
 __all__ = [n for n in dir() if n.endswith("Error")]
+
+
+class InvalidRequestError(GrammaskError, ValueError):
+    """A chat request is malformed or combines options that do not go together (raised before any
+    token is generated). Carries ``param``: the request field at fault (dotted path), like OpenAI's
+    ``invalid_request_error``."""
+
+    def __init__(self, message: str, param: str | None = None):
+        self.param = param
+        super().__init__(f"{message} (param: {param})" if param else message)
+
+
+class GenerationError(GrammaskError, RuntimeError):
+    """Generation failed after it started: the grammar rejected the sampled token (an internal
+    error: output is never left unconstrained), or the model backend raised. Carries
+    ``request_id``."""
+
+    def __init__(self, message: str, request_id: str | None = None):
+        self.request_id = request_id
+        super().__init__(message)
+
+
+class EngineClosedError(GrammaskError, RuntimeError):
+    """The engine was closed: it serves no more requests."""
+
+
+__all__ = [n for n in dir() if n.endswith("Error")]

@@ -14,6 +14,29 @@ from numba import njit
 
 from .earley import GROW_ROWS, MISSING, OK, P_ROW_KEY, P_ROW_LS, REJECT, compute_row, resolve_row_start
 
+class FastCall:
+    """Call a Numba kernel through the entry point of its one compiled signature, skipping the
+    dispatcher's type matching (which costs several microseconds for kernels with many array
+    arguments). The first call goes through the dispatcher (compiling or loading the cache);
+    if a second signature ever appears, every call goes through the dispatcher again."""
+
+    __slots__ = ("fn", "entry")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.entry = None
+
+    def __call__(self, *args):
+        e = self.entry
+        if e is not None:
+            return e(*args)
+        r = self.fn(*args)
+        sigs = self.fn.signatures
+        if len(sigs) == 1:
+            self.entry = self.fn.overloads[sigs[0]].entry_point
+        return r
+
+
 # L: lexer arrays tuple (trans, state_acc, acc_off, acc_lex, st_vals); st_keys separately (int64)
 L_TRANS, L_STATE_ACC, L_ACC_OFF, L_ACC_LEX, L_ST_VALS = range(5)
 
@@ -70,12 +93,12 @@ def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
 
 @njit(nogil=True, cache=True)
 def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg_skip,
-              s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, allowed):
-    """Set ``allowed[t + 1] = 1`` for every token ``t`` of the trie allowed from lexer state ``s0``
-    over ``h0`` rows (``node_tok[i]`` is the token ending at node ``i`` or -1, which lands in the
-    unused slot 0: a branch-free store), jumping over the forest segments ``k`` with
-    ``seg_skip[k]`` (slices whose mask the caller ORs in). Returns OK, MISSING (some subtrees were
-    skipped for want of lexer states; call again once they are built) or a GROW_* status."""
+              s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, found):
+    """Append to ``found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
+    rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
+    mask is used instead). ``node_tok[i]`` is the token ending at node ``i`` or -1: the append is
+    branch-free. Returns (status, number found); status MISSING means some subtrees were skipped
+    for want of lexer states (call again once they are built), GROW_* that an array is full."""
     trans = L[L_TRANS]
     state_acc = L[L_STATE_ACC]
     n_states = trans.shape[0] // 256
@@ -85,6 +108,7 @@ def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
     h_st[0] = h0
     cache_top = h0
     incomplete = False
+    nf = 0
     n = node_byte.shape[0]
     n_seg = seg_start.shape[0]
     seg = 0
@@ -126,12 +150,47 @@ def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
                     incomplete = True
                     i = node_end[i]
                     continue
-                return st
+                return st, nf
         ls_st[d] = t
         h_st[d] = h
-        allowed[node_tok[i] + 1] = 1
+        tok = node_tok[i]
+        found[nf] = tok
+        nf += 1 if tok >= 0 else 0
         i += 1
-    return MISSING if incomplete else OK
+    return (MISSING if incomplete else OK), nf
+
+
+@njit(nogil=True, cache=True)
+def fill_mask(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg_skip, combo_words,
+              dup_first, dup_other, stop_ids, s0, h0, lex_len, G, L, st_keys, P, S, hkeys, M,
+              ls_st, h_st, found, words):
+    """One whole mask row into ``words`` (uint32, ``ceil(V/32)`` words): the precomputed mask
+    of the skipped slices (``combo_words``), the tokens the trie walk finds, tokens that share
+    bytes with a found one, and the stop tokens when the grammar can end. Returns a status."""
+    st, nf = walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg_skip,
+                       s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, found)
+    if st != OK:
+        return st
+    st, can = can_end(s0, h0, lex_len, G, L, st_keys, P, S, hkeys, M)
+    if st != OK:
+        return st
+    nw = words.shape[0]
+    for j in range(nw):
+        words[j] = combo_words[j]
+    for k in range(nf):
+        t = found[k]
+        words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+    for k in range(dup_first.shape[0]):
+        f = dup_first[k]
+        if (words[f >> 5] >> np.uint32(f & 31)) & np.uint32(1):
+            o = dup_other[k]
+            words[o >> 5] |= np.uint32(1) << np.uint32(o & 31)
+    if can:
+        for k in range(stop_ids.shape[0]):
+            t = stop_ids[k]
+            if 0 <= t < nw * 32:
+                words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+    return OK
 
 
 @njit(nogil=True, cache=True)

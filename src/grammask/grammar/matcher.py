@@ -14,7 +14,11 @@ import numpy as np
 from ..errors import GrammarError, MatcherError
 from .compiled import MAX_RESOLVE_ROUNDS, CompiledGrammar
 from .earley import MISSING, OK
-from .mask import advance_bytes, allowed_bytes, can_end, jump_forward, walk_trie
+from .mask import FastCall, advance_bytes, allowed_bytes, can_end, fill_mask, jump_forward
+
+_fill_mask = FastCall(fill_mask)
+_advance_bytes = FastCall(advance_bytes)
+_can_end = FastCall(can_end)
 
 
 class GrammarMatcher:
@@ -42,7 +46,8 @@ class GrammarMatcher:
         self._h_st = np.zeros(depth, np.int32)
         self._out = np.zeros(2, np.int32)
         self._ok = np.zeros(256, np.uint8)
-        self._allowed = np.zeros(self.vocab_size + 1, np.uint8)
+        self._found = np.zeros(compiled.forest.trie.n_tokens + 1, np.int32)
+        self._stop_arr = np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32)
         self._special = np.zeros(0, np.int64)
         self.reset()
 
@@ -65,7 +70,7 @@ class GrammarMatcher:
         new._h_st = self._h_st.copy()
         new._out = self._out.copy()
         new._ok = self._ok.copy()
-        new._allowed = self._allowed.copy()
+        new._found = self._found.copy()
         new._history = deque(self._history, maxlen=self._history.maxlen)
         return new
 
@@ -88,12 +93,12 @@ class GrammarMatcher:
         raise GrammarError("internal error: a mask kernel did not settle")
 
     def _can_end_now(self) -> bool:
-        _, e = self._call(can_end, self._s, self._h, self._lex_len)
+        _, e = self._call(_can_end, self._s, self._h, self._lex_len)
         return bool(e)
 
     def _advance(self, data: bytes) -> bool:
         arr = np.frombuffer(data, dtype=np.uint8)
-        st = self._call(advance_bytes, arr, self._s, self._h, tail=(self._out,))
+        st = self._call(_advance_bytes, arr, self._s, self._h, tail=(self._out,))
         if st != OK:
             return False
         self._s, self._h = int(self._out[0]), int(self._out[1])
@@ -167,34 +172,22 @@ class GrammarMatcher:
         comp = self.compiled
         forest = comp.forest
         trie = forest.trie
-        skip = comp.slicer.skip_flags(self._s)
+        skip, combo = comp.slicer.skip_flags(self._s)
+        combo_words = forest.combo_words[combo]
+        words = words[:n_words]
         stack = self._stack
-        allowed = self._allowed
         for _ in range(MAX_RESOLVE_ROUNDS):
-            allowed[:] = 0
             L, st_keys = comp.lexer_arrays()
-            st = walk_trie(trie.node_byte, trie.node_depth, trie.node_end, forest.node_tok,
-                           forest.seg_start, forest.seg_end, skip, self._s, self._h, comp.G, L, st_keys,
-                           stack.P, stack.scratch, stack.hkeys, self._M, self._ls_st, self._h_st, allowed)
+            st = _fill_mask(trie.node_byte, trie.node_depth, trie.node_end, forest.node_tok,
+                           forest.seg_start, forest.seg_end, skip, combo_words, forest.dup_first,
+                           forest.dup_other, self._stop_arr, self._s, self._h, self._lex_len,
+                           comp.G, L, st_keys, stack.P, stack.scratch, stack.hkeys, self._M,
+                           self._ls_st, self._h_st, self._found, words)
             if st == OK:
-                break
+                return
             comp.resolve(st, stack, self._M)
             stack = self._stack
-        else:
-            raise GrammarError("internal error: the mask kernel did not settle")
-        if forest.dup_other.shape[0]:
-            allowed[forest.dup_other + 1] = allowed[forest.dup_first + 1]
-        n_words = (self.vocab_size + 31) // 32
-        words[:n_words] = 0
-        wb = words[:n_words].view(np.uint8)
-        packed = np.packbits(allowed[1:1 + self.vocab_size], bitorder="little")
-        wb[: packed.shape[0]] = packed
-        for k in range(skip.shape[0]):
-            if skip[k]:
-                sw = forest.slice_words[k]
-                np.bitwise_or(words[: sw.shape[0]], sw, out=words[: sw.shape[0]])
-        if self._can_end_now():
-            self._set_stop(words)
+        raise GrammarError("internal error: the mask kernel did not settle")
 
     def _set_stop(self, words: np.ndarray) -> None:
         for t in self.stop_token_ids:

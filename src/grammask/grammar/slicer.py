@@ -110,6 +110,11 @@ class SliceForest:
             np.bitwise_or.at(w, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
             self.slice_words.append(w)
         self.slice_sizes = [len(g) for g in groups]
+        # the OR of the slice masks for every combination of skipped slices (bit k = slice k)
+        self.combo_words = np.zeros((1 << len(self.slice_words), n_words), np.uint32)
+        for c in range(1, 1 << len(self.slice_words)):
+            low = (c & -c).bit_length() - 1
+            self.combo_words[c] = self.combo_words[c & (c - 1)] | self.slice_words[low]
         tries = [TokTrie._build_from(tb, g.tolist()) for g in groups]
         self._concat(tries)
 
@@ -144,8 +149,8 @@ class SliceForest:
             ids = t.tok_ids[t.node_tok_start[i]:t.node_tok_end[i]].tolist()
             firsts += [ids[0]] * (len(ids) - 1)
             others += ids[1:]
-        self.dup_first = np.array(firsts, np.int64)
-        self.dup_other = np.array(others, np.int64)
+        self.dup_first = np.array(firsts, np.int32)
+        self.dup_other = np.array(others, np.int32)
         self.seg_start = np.array(starts[:-1], np.int32)
         self.seg_end = np.array(ends[:-1], np.int32)
 
@@ -176,11 +181,13 @@ class SliceChecker:
             self.exprs = [parse_regex(p, ex) for p in patterns]
         self._cache: dict[int, np.ndarray] = {}
 
-    def skip_flags(self, s: int) -> np.ndarray:
+    def skip_flags(self, s: int) -> tuple[np.ndarray, int]:
+        """(per-slice skip flags, their combination index) for lexer state ``s``."""
         f = self._cache.get(s)
         if f is None:
             with self.lexer.lock:
-                f = np.array([1 if self._contained(s, e) else 0 for e in self.exprs], np.int32)
+                flags = np.array([1 if self._contained(s, e) else 0 for e in self.exprs], np.int32)
+            f = (flags, int(sum(int(x) << k for k, x in enumerate(flags))))
             self._cache[s] = f
         return f
 
