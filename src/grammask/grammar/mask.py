@@ -185,11 +185,14 @@ def fill_mask(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
         if (words[f >> 5] >> np.uint32(f & 31)) & np.uint32(1):
             o = dup_other[k]
             words[o >> 5] |= np.uint32(1) << np.uint32(o & 31)
-    if can:
-        for k in range(stop_ids.shape[0]):
-            t = stop_ids[k]
-            if 0 <= t < nw * 32:
+    # a stop token is only ever a stop token (even if it also has text): allowed iff the grammar can end
+    for k in range(stop_ids.shape[0]):
+        t = stop_ids[k]
+        if 0 <= t < nw * 32:
+            if can:
                 words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+            else:
+                words[t >> 5] &= ~(np.uint32(1) << np.uint32(t & 31))
     return OK
 
 
