@@ -50,7 +50,7 @@ def _record_state(M, s):
         cnt[0] += 1
 
 
-@njit(nogil=True, cache=True)
+@njit(nogil=True, cache=True, inline="always")
 def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
     """The byte ``b`` in lexer state ``s`` over ``h`` rows when the table says it is not a plain
     lexer move. Returns (status, state, height, cache_top)."""
