@@ -92,8 +92,8 @@ def _apply_numpy(logits: np.ndarray, bitmask: np.ndarray, vocab_size, indices) -
     bm = bitmask[None, :] if bitmask.ndim == 1 else bitmask
     V = lg.shape[1] if vocab_size is None else min(vocab_size, lg.shape[1])
     rows = range(bm.shape[0]) if indices is None else indices
-    for k, r in enumerate(rows):
-        b = bm[k if indices is not None else r]
+    for r in rows:
+        b = bm[r]
         allowed = np.unpackbits(b.view(np.uint8), bitorder="little")
         n = min(V, allowed.shape[0])
         row = lg[r]
@@ -123,6 +123,6 @@ def _apply_torch(logits, bitmask, vocab_size, indices) -> None:
     else:
         idx = torch.as_tensor(list(indices), device=lg.device, dtype=torch.long)
         sub = lg.index_select(0, idx)
-        sub[:, :n].masked_fill_(~allowed[: len(idx), :n], float("-inf"))
+        sub[:, :n].masked_fill_(~allowed.index_select(0, idx)[:, :n], float("-inf"))
         sub[:, n:] = float("-inf")
         lg.index_copy_(0, idx, sub)
