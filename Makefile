@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 run: setup
-	$(VPY) examples/demo.py
+	$(VPY) examples/extract.py
 
 test: setup
 	$(VPY) -m pytest -q -x
