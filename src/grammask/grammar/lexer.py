@@ -29,6 +29,18 @@ from .regexset import ExprSet
 
 DEAD = -1
 UNKNOWN = -2
+ALL_BYTES = (1 << 256) - 1
+_MASK_BYTES: dict[int, np.ndarray] = {}
+
+
+def _mask_bytes(m: int) -> np.ndarray:
+    """The bytes of a 256-bit mask as an index array (cached)."""
+    r = _MASK_BYTES.get(m)
+    if r is None:
+        r = np.array([b for b in range(256) if (m >> b) & 1], dtype=np.intp)
+        if len(_MASK_BYTES) < 100_000:
+            _MASK_BYTES[m] = r
+    return r
 
 
 @njit(nogil=True, cache=True)
@@ -163,30 +175,37 @@ class Lexer:
 
     def _expand_one(self, s: int) -> list[int]:
         exprs = self.exprs
-        per_byte: list[list[tuple[int, int]]] = [[] for _ in range(256)]
-        for lx, e in self._states[s]:
-            for m, t in exprs.transitions(e):
-                while m:
-                    low = m & -m
-                    per_byte[low.bit_length() - 1].append((lx, t))
-                    m ^= low
-        row = np.empty(256, dtype=np.int32)
-        cache: dict[tuple, int] = {}
+        members = self._states[s]
+        per_member = [(lx, exprs.transitions(e)) for lx, e in members]
+        # the coarsest partition of the bytes on which every member's move is constant
+        parts = [ALL_BYTES]
+        for _, tr in per_member:
+            for m, _t in tr:
+                nxt = []
+                for p in parts:
+                    a = p & m
+                    if a and a != p:
+                        nxt.append(a)
+                        nxt.append(p & ~m)
+                    else:
+                        nxt.append(p)
+                parts = nxt
+        row = np.full(256, DEAD, dtype=np.int32)
         new = []
-        for b in range(256):
-            members = per_byte[b]
-            if not members:
-                row[b] = DEAD
+        for p in parts:
+            key = []
+            for lx, tr in per_member:
+                for m, t in tr:
+                    if m & p:
+                        key.append((lx, t))
+                        break
+            if not key:
                 continue
-            key = tuple(sorted(members))
-            t = cache.get(key)
-            if t is None:
-                before = len(self._states)
-                t = self._intern(key)
-                cache[key] = t
-                if t >= before:
-                    new.append(t)
-            row[b] = t
+            before = len(self._states)
+            t = self._intern(tuple(sorted(key)))
+            if t >= before:
+                new.append(t)
+            row[_mask_bytes(p)] = t
         trans = self.trans
         trans[s * 256:(s + 1) * 256] = row
         self.expanded[s] = True

@@ -50,6 +50,9 @@ class ExprSet:
         self._deriv: dict[tuple[int, int], int] = {}
         self._classes: dict[int, tuple[int, ...]] = {}
         self._alive: dict[int, bool] = {}
+        self._fm: dict[int, frozenset] = {}
+        self._partition_cache: dict[frozenset, tuple[int, ...]] = {}
+        self._trans: dict[int, list[tuple[int, int]]] = {}
         self.max_nodes = max_nodes
         self.max_alive_states = max_alive_states
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
@@ -259,53 +262,67 @@ class ExprSet:
         self._deriv[key] = r
         return r
 
-    def _first_masks(self, e: int, out: set[int], seen: set[int]) -> None:
-        if e in seen:
-            return
-        seen.add(e)
+    def _first_masks(self, e: int) -> frozenset:
+        """The byte masks that can be read first in ``e`` (memoised per node): the derivative of
+        ``e`` is constant on each cell of their common refinement."""
+        r = self._fm.get(e)
+        if r is not None:
+            return r
         k = self.kind[e]
         if k == BYTES:
-            out.add(self.args[e][0])
+            r = frozenset((self.args[e][0],))
         elif k == CONCAT:
             x, y = self.args[e]
-            self._first_masks(x, out, seen)
+            r = self._first_masks(x)
             if self._nullable[x]:
-                self._first_masks(y, out, seen)
+                r = r | self._first_masks(y)
         elif k == OR or k == AND:
-            for x in self.args[e]:
-                self._first_masks(x, out, seen)
+            r = frozenset().union(*[self._first_masks(x) for x in self.args[e]])
         elif k == NOT or k == REPEAT:
-            self._first_masks(self.args[e][0], out, seen)
+            r = self._first_masks(self.args[e][0])
+        else:
+            r = frozenset()
+        self._fm[e] = r
+        return r
 
     def byte_classes(self, e: int) -> tuple[int, ...]:
         """A partition of the 256 bytes into masks on which the derivative of ``e`` is constant."""
         r = self._classes.get(e)
         if r is not None:
             return r
-        masks: set[int] = set()
-        self._first_masks(e, masks, set())
-        parts = [ALL_BYTES]
-        for m in masks:
-            nxt = []
-            for p in parts:
-                a, b = p & m, p & ~m
-                if a:
-                    nxt.append(a)
-                if b:
-                    nxt.append(b)
-            parts = nxt
-        r = tuple(parts)
+        masks = self._first_masks(e)
+        r = self._partition_cache.get(masks)
+        if r is None:
+            parts = [ALL_BYTES]
+            for m in masks:
+                nxt = []
+                for p in parts:
+                    a = p & m
+                    if a:
+                        nxt.append(a)
+                        b = p & ~m
+                        if b:
+                            nxt.append(b)
+                    else:
+                        nxt.append(p)
+                parts = nxt
+            r = tuple(parts)
+            self._partition_cache[masks] = r
         self._classes[e] = r
         return r
 
     def transitions(self, e: int) -> list[tuple[int, int]]:
         """``[(byte_mask, target)]`` for every live derivative of ``e`` (dead ones left out)."""
-        out = []
+        r = self._trans.get(e)
+        if r is not None:
+            return r
+        r = []
         for m in self.byte_classes(e):
             t = self.deriv(e, _lowbit(m))
             if self.alive(t):
-                out.append((m, t))
-        return out
+                r.append((m, t))
+        self._trans[e] = r
+        return r
 
     def alive(self, e: int) -> bool:
         """True iff the language of ``e`` is non-empty (exact)."""
@@ -316,27 +333,32 @@ class ExprSet:
         r = self._alive.get(e)
         if r is not None:
             return r
-        seen = {e}
+        parent = {e: -1}
         todo = [e]
-        found = False
-        while todo and not found:
+        found = -1
+        while todo and found < 0:
             x = todo.pop()
             for m in self.byte_classes(x):
                 t = self.deriv(x, _lowbit(m))
-                if t == EMPTY or t in seen:
+                if t == EMPTY or t in parent:
                     continue
+                parent[t] = x
                 if self._nullable[t] or not self._has_bool[t] or self._alive.get(t):
-                    found = True
+                    found = t
                     break
-                seen.add(t)
-                if len(seen) > self.max_alive_states:
+                if self._alive.get(t) is False:
+                    continue
+                if len(parent) > self.max_alive_states:
                     raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
                 todo.append(t)
-        if not found:
-            for x in seen:
+        if found < 0:
+            for x in parent:
                 self._alive[x] = False
-        self._alive[e] = found
-        return found
+            return False
+        while found >= 0:  # every state on the path to a non-empty state is non-empty
+            self._alive[found] = True
+            found = parent[found]
+        return True
 
     def first_bytes(self, e: int) -> int:
         """Mask of the bytes that can start a non-empty string of ``e``."""
