@@ -1,0 +1,274 @@
+"""Brute-force token masks against the reference recognizer (issue 2, §6.1).
+
+Two small tokenizers are trained inside the test (:mod:`small_tokenizers`): a GPT-2 style byte-level
+BPE and a Llama-2 style byte-fallback BPE (the latter also with a vocabulary padded by 37 unused
+ids). For builtin JSON, several EBNF grammars and several regexes, seeded random walks sample an
+allowed token at every step; before each step the engine's full bitmask must EQUAL the mask that
+:func:`reference.reference_mask` computes with the byte-level Earley recognizer on the grammar IR
+(stop tokens allowed iff the reference can end here; special and padded ids never allowed).
+"""
+from __future__ import annotations
+
+import random
+import zlib
+from collections import defaultdict
+
+import numpy as np
+import pytest
+
+from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask.grammar.builtin import json_grammar
+from grammask.grammar.cfg import Grammar
+from grammask.grammar.ebnf import parse_ebnf
+from grammask.grammar.regex import parse_regex
+from reference import ByteEarley, reference_mask
+from small_tokenizers import bytelevel_tokenizer, spm_tokenizer
+
+PAD = 37
+
+
+# ---------------------------------------------------------------------------------------------- grammars
+EBNF = {
+    "ambiguous_literals": 'root ::= "a" "bc" | "ab" "d"',
+    "arithmetic": r"""
+root ::= expr
+expr ::= term | expr ("+" | "-") term
+term ::= factor | term "*" factor
+factor ::= [0-9]+ | "(" ws expr ws ")" | "-" factor
+ws ::= " "?
+""",
+    "nullable_nested": r"""
+root ::= head body tail
+head ::= ("#" [a-z]*)?
+body ::= item*
+item ::= "[" body "]" | [a-z] | ""
+tail ::= "!"?
+""",
+    # adjacent number lexemes: "12" is one number or two, so greedy lexing alone is wrong
+    "adjacent_numbers": r"""
+root ::= list
+list ::= num | num " "? list
+num ::= [0-9]+ ("." [0-9]+)?
+""",
+    "unicode_words": r"""
+root ::= word (sep word)* "."?
+word ::= [a-zé日本😀]+ | "café" | "naïve" | "\u00fc" [a-z]{1,3}
+sep ::= ", " | " " | ","
+""",
+}
+
+REGEX = {
+    "letters_digits": r"[\p{L}\p{N}]{1,6}(-\p{Lu}+)?",
+    "quoted": r'"([^"\\\n]|\\["\\n]){0,10}"',
+    "ambiguous_alt": r"(ab|a)(bc|c)*d?",
+    "decimal": r"-?(0|[1-9][0-9]{0,3})(\.[0-9]{1,2})?",
+    "unicode_alt": r"(é|日本|😀|[a-z ]){2,8}",
+    "not_lower_space": r"[^a-z\s]{1,3}x",
+}
+
+JSON = {"json_flexible_ws3": ("flexible", 3), "json_compact": ("compact", 32)}
+
+GRAMMARS = [("json", k) for k in JSON] + [("ebnf", k) for k in EBNF] + [("regex", k) for k in REGEX]
+
+
+def grammar_ir(kind: str, name: str) -> Grammar:
+    """A fresh IR of the grammar, for the reference recognizer."""
+    if kind == "json":
+        ws, mx = JSON[name]
+        return json_grammar(whitespace=ws, max_whitespace=mx)
+    if kind == "ebnf":
+        return parse_ebnf(EBNF[name])
+    g = Grammar()
+    e = parse_regex(REGEX[name], g.exprs)
+    g.rule("root", [[~e]])
+    return g
+
+
+def compile_public(comp: GrammarCompiler, kind: str, name: str):
+    """The same grammar text through the public compiler."""
+    if kind == "json":
+        ws, mx = JSON[name]
+        return comp.compile_builtin_json_grammar(whitespace=ws, max_whitespace=mx)
+    if kind == "ebnf":
+        return comp.compile_grammar(EBNF[name])
+    return comp.compile_regex(REGEX[name])
+
+
+# ---------------------------------------------------------------------------------------------- tokenizers
+def _bytelevel():
+    tok = bytelevel_tokenizer()
+    return TokenizerInfo.from_huggingface(tok, stop_token_ids=[tok.token_to_id("<|endoftext|>")])
+
+
+def _spm():
+    tok = spm_tokenizer()
+    return TokenizerInfo.from_huggingface(tok, stop_token_ids=[tok.token_to_id("</s>")])
+
+
+def _spm_padded():
+    tok = spm_tokenizer()
+    return TokenizerInfo.from_huggingface(tok, vocab_size=tok.get_vocab_size() + PAD,
+                                          stop_token_ids=[tok.token_to_id("</s>")])
+
+
+TOKENIZERS = {"bytelevel": _bytelevel, "spm": _spm, "spm_padded": _spm_padded}
+
+
+@pytest.fixture(scope="module")
+def setups():
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            info = TOKENIZERS[name]()
+            cache[name] = (info, GrammarCompiler(info))
+        return cache[name]
+
+    return get
+
+
+def test_trained_tokenizers_are_as_intended(setups):
+    info, _ = setups("bytelevel")
+    assert info.vocab_type == "byte_level"
+    assert sorted(b[0] for b in info.token_bytes if len(b) == 1) == list(range(256))
+    assert any(len(b) > 3 for b in info.token_bytes)
+    info, _ = setups("spm")
+    assert info.vocab_type == "byte_fallback"
+    assert [info.token_bytes[3 + b] for b in range(256)] == [bytes([b]) for b in range(256)]
+    assert info.special_token_ids == [0, 1, 2] and info.stop_token_ids == [2]
+    assert b" " in info.token_bytes and any(b.startswith(b" ") and len(b) > 1 for b in info.token_bytes)
+    info_p, _ = setups("spm_padded")
+    assert info_p.vocab_size == info.vocab_size + PAD
+    assert info_p.token_bytes[info.vocab_size:] == [b""] * PAD
+
+
+# ---------------------------------------------------------------------------------------------- walks
+def engine_mask(m: GrammarMatcher, info: TokenizerInfo) -> set[int]:
+    words = m.get_next_token_bitmask()
+    n_words = (info.vocab_size + 31) // 32
+    assert words.dtype == np.int32 and words.shape == (n_words,)
+    bits = np.unpackbits(words.view(np.uint8), bitorder="little")
+    assert not bits[info.vocab_size:].any(), "bits set beyond vocab_size"
+    return set(np.flatnonzero(bits[: info.vocab_size]).tolist())
+
+
+def describe_diff(info, prefix: bytes, eng: set[int], ref: set[int], where: str) -> str:
+    def show(ids):
+        ids = sorted(ids)
+        return ", ".join(f"{t}:{info.token_bytes[t]!r}" for t in ids[:20]) + (" ..." if len(ids) > 20 else "")
+
+    return (f"{where}: mask differs after prefix {prefix!r}\n"
+            f"  engine only ({len(eng - ref)}): {show(eng - ref)}\n"
+            f"  reference only ({len(ref - eng)}): {show(ref - eng)}")
+
+
+CLOSERS = set(b'}])".!')
+
+
+def choose(r: random.Random, allowed: set[int], info: TokenizerInfo, stops: set[int], step: int, max_steps: int):
+    """A random allowed token: grouped by the class of its first byte for variety; towards the end of the walk the
+    stop token (when allowed) and tokens holding closing characters are preferred."""
+    late = step >= max_steps // 2
+    stop_ok = sorted(allowed & stops)
+    others = sorted(allowed - stops)
+    if stop_ok and (not others or (late and r.random() < 0.6)):
+        return stop_ok[0]
+    if not others:
+        return None
+    if late and r.random() < 0.5:
+        closing = [t for t in others if CLOSERS & set(info.token_bytes[t])]
+        if closing:
+            return r.choice(closing)
+    groups = defaultdict(list)
+    for t in others:
+        groups[byte_class(info.token_bytes[t][0])].append(t)
+    return r.choice(groups[r.choice(sorted(groups))])
+
+
+def byte_class(b: int) -> str:
+    c = chr(b)
+    if c.isdigit():
+        return "0"
+    if c.isalpha() and b < 0x80:
+        return "a"
+    if c in " \t\n\r":
+        return " "
+    return c if b < 0x80 else "u"
+
+
+def random_walk(info, comp, kind, name, seed, max_steps, n_reject_probes=2):
+    g = grammar_ir(kind, name)
+    rec = ByteEarley(g)
+    m = GrammarMatcher(compile_public(comp, kind, name))
+    stops = set(info.stop_token_ids)
+    r = random.Random(seed)
+    sets = rec.initial()
+    prefix = b""
+    where = f"{kind}:{name} seed={seed}"
+    for step in range(max_steps):
+        eng = engine_mask(m, info)
+        ref = reference_mask(rec, sets, info.token_bytes, stops)
+        assert eng == ref, describe_diff(info, prefix, eng, ref, f"{where} step={step}")
+        assert m.can_terminate() == rec.can_end(sets), f"{where}: can_terminate after {prefix!r}"
+        assert not any(info.is_special(t) for t in eng - stops)
+        # a few disallowed tokens: accept_token must refuse them
+        disallowed = [t for t in r.sample(range(info.vocab_size), 8) if t not in eng][:n_reject_probes]
+        for t in disallowed:
+            assert not m.accept_token(t), f"{where}: accepted disallowed {t}:{info.token_bytes[t]!r} after {prefix!r}"
+        t = choose(r, eng, info, stops, step, max_steps)
+        assert t is not None, f"{where}: dead end (nothing allowed) after {prefix!r}"
+        assert m.accept_token(t), f"{where}: refused allowed {t}:{info.token_bytes[t]!r} after {prefix!r}"
+        if t in stops:
+            assert m.is_terminated()
+            assert engine_mask(m, info) == stops
+            assert rec.accepts(prefix)
+            return prefix, True
+        prefix += info.token_bytes[t]
+        sets = rec.feed(sets, info.token_bytes[t])
+        assert sets is not None
+    return prefix, False
+
+
+@pytest.mark.parametrize("tok_name", list(TOKENIZERS))
+@pytest.mark.parametrize("kind,name", GRAMMARS, ids=[n for _, n in GRAMMARS])
+def test_masks_equal_reference(setups, tok_name, kind, name):
+    info, comp = setups(tok_name)
+    ended = 0
+    n_walks, max_steps = (8, 40) if kind == "json" else (4, 24)
+    for seed in range(n_walks):
+        _, done = random_walk(info, comp, kind, name, seed=1000 * seed + zlib.crc32(name.encode()) % 997,
+                              max_steps=max_steps)
+        ended += done
+    if kind != "json":  # JSON walks may nest deeper than the step budget
+        assert ended >= 1, "no walk reached the stop token"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tok_name", list(TOKENIZERS))
+@pytest.mark.parametrize("kind,name", GRAMMARS, ids=[n for _, n in GRAMMARS])
+def test_masks_equal_reference_long(setups, tok_name, kind, name):
+    info, comp = setups(tok_name)
+    for seed in range(20):
+        random_walk(info, comp, kind, name, seed=7 + seed, max_steps=80)
+
+
+def test_ir_compiled_directly_matches_reference(setups):
+    """The same IR object handed to CompiledGrammar (check_lexemes as the compiler sets it)."""
+    from grammask.grammar.compiled import CompiledGrammar
+
+    info, _ = setups("bytelevel")
+    stops = set(info.stop_token_ids)
+    for kind, name in [("ebnf", "adjacent_numbers"), ("regex", "unicode_alt"), ("json", "json_flexible_ws3")]:
+        g = grammar_ir(kind, name)
+        cg = CompiledGrammar(g, info, check_lexemes=kind != "json")
+        rec = ByteEarley(g)
+        for text in {"adjacent_numbers": [b"12 3.5", b"1"], "unicode_alt": ["日本é".encode(), b"ab"],
+                     "json_flexible_ws3": [b'{"a": [1, 2.5e3', b'  ["\\u00e9"']}[name]:
+            for cut in range(len(text) + 1):
+                m = GrammarMatcher(cg)
+                pre = text[:cut]
+                assert m.accept_string(pre), (name, pre)
+                sets = rec.feed(rec.initial(), pre)
+                eng = engine_mask(m, info)
+                ref = reference_mask(rec, sets, info.token_bytes, stops)
+                assert eng == ref, describe_diff(info, pre, eng, ref, f"direct {kind}:{name}")
