@@ -52,11 +52,10 @@ def _next_stamp(S):
     return info[0]
 
 
-@njit(nogil=True, cache=True)
-def _add(pos, org, end, P, S, hkeys, stamp):
-    """Append item (pos, org) unless present; returns the new end, -1 (items full), -2 (hash full)."""
-    it_pos = P[P_POS]
-    hst = S[S_HSTAMP]
+@njit(nogil=True, cache=True, inline="always")
+def _add(pos, org, end, it_pos, it_org, hst, hkeys, stamp):
+    """Append item (pos, org) unless present; returns the new end, -1 (items full), -2 (hash full).
+    (Arrays come unpacked: taking an array out of a tuple costs a reference count per call.)"""
     hmask = hkeys.shape[0] - 1
     key = (np.int64(pos) << 32) | np.int64(org)
     j = np.int64((key * np.int64(0x9E3779B1)) >> 7) & hmask
@@ -73,7 +72,7 @@ def _add(pos, org, end, P, S, hkeys, stamp):
     hst[j] = stamp
     hkeys[j] = key
     it_pos[end] = pos
-    P[P_ORG][end] = org
+    it_org[end] = org
     return end + 1
 
 
@@ -91,6 +90,7 @@ def _closure(r, end, G, P, S, hkeys, stamp):
     it_org = P[P_ORG]
     row_beg = P[P_ROW_BEG]
     pred = S[S_PRED]
+    hst = S[S_HSTAMP]
     accept_pos = S[S_INFO][1]
     acc = 0
     i = row_beg[r]
@@ -108,18 +108,18 @@ def _closure(r, end, G, P, S, hkeys, stamp):
             for j in range(row_beg[org], row_beg[org + 1]):
                 p2 = it_pos[j]
                 if sym[p2] == lhs:
-                    end = _add(p2 + 1, it_org[j], end, P, S, hkeys, stamp)
+                    end = _add(p2 + 1, it_org[j], end, it_pos, it_org, hst, hkeys, stamp)
                     if end < 0:
                         return (GROW_ITEMS if end == -1 else GROW_HASH), 0
         elif s >= 0:
             if pred[s] != stamp:
                 pred[s] = stamp
                 for k in range(nt_lo[s], nt_hi[s]):
-                    end = _add(prod_start[k], r, end, P, S, hkeys, stamp)
+                    end = _add(prod_start[k], r, end, it_pos, it_org, hst, hkeys, stamp)
                     if end < 0:
                         return (GROW_ITEMS if end == -1 else GROW_HASH), 0
             if nullable[s]:
-                end = _add(pos + 1, org, end, P, S, hkeys, stamp)
+                end = _add(pos + 1, org, end, it_pos, it_org, hst, hkeys, stamp)
                 if end < 0:
                     return (GROW_ITEMS if end == -1 else GROW_HASH), 0
     P[P_ROW_ACC][r] = acc
@@ -188,9 +188,12 @@ def compute_row(r, acc_set, G, acc_off, acc_lex, L_st_keys, L_st_vals, P, S, hke
         return GROW_ROWS
     stamp = _next_stamp(S)
     end = row_beg[r]
+    it_pos = P[P_POS]
+    it_org = P[P_ORG]
+    hst = S[S_HSTAMP]
     if r == 0:
         start_nt = S[S_INFO][2]
-        end = _add(G[G_PROD_START][G[G_NT_LO][start_nt]], 0, end, P, S, hkeys, stamp)
+        end = _add(G[G_PROD_START][G[G_NT_LO][start_nt]], 0, end, it_pos, it_org, hst, hkeys, stamp)
         if end < 0:
             return GROW_ITEMS if end == -1 else GROW_HASH
     else:
@@ -198,12 +201,10 @@ def compute_row(r, acc_set, G, acc_off, acc_lex, L_st_keys, L_st_vals, P, S, hke
         mark = S[S_LEX_MARK]
         for j in range(acc_off[acc_set], acc_off[acc_set + 1]):
             mark[acc_lex[j]] = stamp
-        it_pos = P[P_POS]
-        it_org = P[P_ORG]
         for i in range(row_beg[r - 1], row_beg[r]):
             s = sym[it_pos[i]]
             if s <= -2 and mark[-s - 2] == stamp:
-                end = _add(it_pos[i] + 1, it_org[i], end, P, S, hkeys, stamp)
+                end = _add(it_pos[i] + 1, it_org[i], end, it_pos, it_org, hst, hkeys, stamp)
                 if end < 0:
                     return GROW_ITEMS if end == -1 else GROW_HASH
         if end == row_beg[r]:

@@ -232,7 +232,18 @@ def allowed_bytes(s, h, G, L, st_keys, P, S, hkeys, M, out):
     """``out[b] = 1`` for every byte that can come next. Returns a status."""
     cache_top = h
     incomplete = False
+    trans = L[L_TRANS]
+    not_accepting = L[L_STATE_ACC][s] < 0
+    base = s * 256
     for b in range(256):
+        # plain lexer moves and dead ends decided here: the slow step reads tuples (refcounts)
+        t = trans[base + b]
+        if t >= 0:
+            out[b] = 1
+            continue
+        if t == -1 and not_accepting:
+            out[b] = 0
+            continue
         st, _t, _h, cache_top = step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
         out[b] = 1 if st == OK else 0
         if st == MISSING:
