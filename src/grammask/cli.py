@@ -1,5 +1,8 @@
 """``grammask chat [--schema FILE | --grammar FILE | --regex P | --json] "prompt"``: one chat turn on
-the embedded model (or ``--model``), constrained as asked; prints the answer, then a usage line."""
+the embedded model (or ``--model``), constrained as asked; prints the answer, then a usage line.
+
+``grammask serve [--model M] [--host 127.0.0.1] [--port 8000] [--max-concurrency N]``: the
+OpenAI-compatible HTTP server (:mod:`grammask.adapters.server`, needs the ``serve`` extra)."""
 from __future__ import annotations
 
 import argparse
@@ -91,7 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--stream", action="store_true")
     c.add_argument("--no-fast-forward", action="store_true")
     c.add_argument("--quiet-usage", action="store_true", help="print the usage line on stderr")
+    _add_serve_parser(sub)
     args = p.parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     import anyio
 
     from .errors import GrammaskError
@@ -101,6 +107,70 @@ def main(argv: list[str] | None = None) -> int:
     except (GrammaskError, OSError) as e:
         print(f"grammask: error: {e}", file=sys.stderr)
         return 2
+
+
+def _add_serve_parser(sub) -> None:
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server (needs the 'serve' extra)")
+    s.add_argument("--model", default=None,
+                   help="GGUF file, model folder or HF id (default: embedded SmolLM2-135M); 'scripted' serves the "
+                        "deterministic test backend, which echoes the last line of the prompt")
+    s.add_argument("--device", default="auto")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    s.add_argument("--port", type=int, default=8000)
+    s.add_argument("--max-concurrency", type=int, default=None, metavar="N",
+                   help="requests generating at once (default 32)")
+    s.add_argument("--max-queue", type=int, default=None, metavar="M",
+                   help="requests waiting for a slot before the server answers 503 (default 2 * N)")
+    s.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of a 503, in seconds")
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $GRAMMASK_API_KEY)")
+    s.add_argument("--served-model-name", default=None, help="model id reported by the API")
+    s.add_argument("--max-batch", type=int, default=None, help="sequences per engine step (default 32)")
+    s.add_argument("--json-whitespace", choices=["flexible", "compact"], default=None,
+                   help="whitespace JSON formats allow (default flexible)")
+    s.add_argument("--torch-threads", type=int, default=None, metavar="T",
+                   help="torch.set_num_threads(T) (1 is often fastest on a busy CPU)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+
+
+def scripted_echo_backend():
+    """The scripted backend (:mod:`grammask.pipeline.scripted`) answering the last line of the prompt."""
+    from .pipeline.scripted import ScriptedBackend
+
+    def echo(prompt: str) -> str:
+        lines = [ln for ln in prompt.strip().splitlines() if ln.strip()]
+        return lines[-1].strip() if lines else ""
+
+    return ScriptedBackend(echo)
+
+
+def _serve(args) -> int:
+    import os
+
+    try:
+        import uvicorn
+
+        from .adapters.server import create_app
+    except ImportError as e:
+        print(f"grammask: error: {e} (pip install 'grammask[serve]')", file=sys.stderr)
+        return 2
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
+    model = scripted_echo_backend() if args.model == "scripted" else args.model
+    engine_kwargs = {} if args.max_batch is None else {"max_batch": args.max_batch}
+    if args.json_whitespace is not None:
+        engine_kwargs["json_whitespace"] = args.json_whitespace
+    try:
+        app = create_app(model=model, device=args.device, engine_kwargs=engine_kwargs,
+                         max_concurrency=args.max_concurrency, max_queue=args.max_queue, retry_after=args.retry_after,
+                         api_key=args.api_key or os.environ.get("GRAMMASK_API_KEY") or None,
+                         served_model_name=args.served_model_name)
+    except ValueError as e:
+        print(f"grammask: error: {e}", file=sys.stderr)
+        return 2
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -6,7 +6,11 @@ rows), ``mask`` (trie-walk kernel), ``slicer`` (precomputed masks), ``ebnf`` (GB
 ``builtin`` (JSON grammars), ``json_schema`` (JSON Schema front end), ``tokenizer_info`` and
 ``toktrie`` (vocabulary), ``compiler``/``compiled``/``matcher`` (public objects), ``bitmask``.
 """
-from .bitmask import (
+from .jit_cache import invalidate_stale_kernel_cache
+
+invalidate_stale_kernel_cache()
+
+from .bitmask import (  # noqa: E402
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
     bitmask_words,
@@ -14,11 +18,11 @@ from .bitmask import (
     reset_token_bitmask,
     unpack_bitmask,
 )
-from .cfg import Grammar
-from .compiled import CompiledGrammar
-from .compiler import GrammarCompiler
-from .matcher import GrammarMatcher
-from .tokenizer_info import TokenizerInfo
+from .cfg import Grammar  # noqa: E402
+from .compiled import CompiledGrammar  # noqa: E402
+from .compiler import GrammarCompiler  # noqa: E402
+from .matcher import GrammarMatcher  # noqa: E402
+from .tokenizer_info import TokenizerInfo  # noqa: E402
 
 __all__ = [
     "CompiledGrammar", "Grammar", "GrammarCompiler", "GrammarMatcher", "TokenizerInfo",

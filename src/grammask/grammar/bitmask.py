@@ -81,6 +81,11 @@ def apply_token_bitmask_inplace(logits, bitmask, *, vocab_size: int | None = Non
     if isinstance(logits, np.ndarray):
         _apply_numpy(logits, np.asarray(bitmask), vocab_size, indices)
         return
+    if getattr(logits, "is_cuda", False):  # a Triton kernel when available (lazy: no torch import here)
+        from ..adapters.cuda_bitmask import apply_token_bitmask_inplace_cuda
+
+        apply_token_bitmask_inplace_cuda(logits, bitmask, vocab_size=vocab_size, indices=indices)
+        return
     _apply_torch(logits, bitmask, vocab_size, indices)
 
 

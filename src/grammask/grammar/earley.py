@@ -58,7 +58,9 @@ def _add(pos, org, end, it_pos, it_org, hst, hkeys, stamp):
     (Arrays come unpacked: taking an array out of a tuple costs a reference count per call.)"""
     hmask = hkeys.shape[0] - 1
     key = (np.int64(pos) << 32) | np.int64(org)
-    j = np.int64((key * np.int64(0x9E3779B1)) >> 7) & hmask
+    x = np.uint64(pos) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(org) * np.uint64(0xC2B2AE3D27D4EB4F)
+    x ^= x >> np.uint64(29)
+    j = np.int64(x & np.uint64(0x7FFFFFFF)) & hmask
     n = 0
     while hst[j] == stamp:
         if hkeys[j] == key:
@@ -182,7 +184,8 @@ def resolve_row_start(r, G, L_st_keys, L_st_vals, P, S, M):
 @njit(nogil=True, cache=True)
 def compute_row(r, acc_set, G, acc_off, acc_lex, L_st_keys, L_st_vals, P, S, hkeys, M):
     """Build row ``r``: the initial row when ``r == 0``, else scan the lexemes of accepted set
-    ``acc_set`` from row ``r - 1``. Returns a status (OK, REJECT when no item advances, GROW_*)."""
+    ``acc_set`` from row ``r - 1``. Returns a status (OK, REJECT when no item advances, GROW_*,
+    MISSING when ``acc_set`` is newer than the arrays passed in)."""
     row_beg = P[P_ROW_BEG]
     if r + 2 > row_beg.shape[0]:
         return GROW_ROWS
@@ -197,6 +200,9 @@ def compute_row(r, acc_set, G, acc_off, acc_lex, L_st_keys, L_st_vals, P, S, hke
         if end < 0:
             return GROW_ITEMS if end == -1 else GROW_HASH
     else:
+        if acc_set + 1 >= acc_off.shape[0]:
+            # a lexeme set registered by another thread after our arrays were taken: call again
+            return MISSING
         sym = G[G_SYM]
         mark = S[S_LEX_MARK]
         for j in range(acc_off[acc_set], acc_off[acc_set + 1]):

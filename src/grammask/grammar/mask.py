@@ -222,7 +222,7 @@ def can_end(s, h, lex_len, G, L, st_keys, P, S, hkeys, M):
     st = compute_row(h, k, G, L[L_ACC_OFF], L[L_ACC_LEX], st_keys, L[L_ST_VALS], P, S, hkeys, M)
     if st == REJECT:
         return OK, 0
-    if st != OK and st != MISSING:
+    if st != OK:
         return st, 0
     return OK, P[5][h]
 
