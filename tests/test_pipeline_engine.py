@@ -394,10 +394,14 @@ async def test_interrupt_and_close_stop_at_once():
             break
     await stream.aclose()
     assert not b.live and not eng.active_requests
-    # cancelling a non-streaming call
+    # cancelling a non-streaming call stops it between two steps, long before its 200 tokens
+    calls = []
+    b.on_forward = lambda *a, **k: calls.append(1)
     with anyio.move_on_after(0.05):
         await eng.chat.completions.create(messages=MSG, temperature=0)
+    b.on_forward = None
     assert not b.live and not eng.active_requests
+    assert len(calls) < 150, f"{len(calls)} forward calls after the caller was cancelled"
     # dropping a stream without closing it (break, then garbage)
     stream = await eng.chat.completions.create(messages=MSG, temperature=0, stream=True)
     async for ch in stream:

@@ -116,7 +116,8 @@ class GrammarCompiler:
         if any_whitespace is False:
             whitespace = "compact"
         schema_obj = normalize_schema_input(schema)
-        text = json.dumps(schema_obj, sort_keys=True, separators=(",", ":"))
+        # property order matters (it is the order of the output): no sort_keys
+        text = json.dumps(schema_obj, separators=(",", ":"))
         opts = (whitespace, max_whitespace, strict, lenient, indent)
 
         def build():

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import anyio
+import anyio.lowlevel
 import numpy as np
 import torch
 
@@ -358,6 +359,9 @@ class AsyncEngine:
                     self._stepping = False
                     self._cleanup()
                     self._notify()
+                # a cancellation point between steps: a cancelled caller stops here (its request
+                # is aborted by the caller's cleanup), the step itself is never cut in half
+                await anyio.lowlevel.checkpoint()
                 continue
             await self._changed.wait()
 

@@ -30,7 +30,8 @@ from .structural_tag import TagSpec, TagStructure, structural_tag_grammar, tools
 
 
 def _canon_json(obj) -> str:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # key order is kept: the order of properties is the order of the output
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
 @dataclass(frozen=True)
