@@ -14,6 +14,10 @@ from concurrent.futures import Future
 from .builtin import DEFAULT_MAX_WHITESPACE, json_grammar
 from .cfg import Grammar
 from .compiled import CompiledGrammar
+from .regexset import ExprSet
+
+#: a compiler starts a new shared ExprSet once the current one holds this many expressions
+EXPRS_RESET_NODES = 1_000_000
 
 
 class GrammarCompiler:
@@ -24,8 +28,18 @@ class GrammarCompiler:
         self.cache_enabled = cache_enabled and cache_size > 0
         self._cache: OrderedDict[tuple, Future] = OrderedDict()
         self._lock = threading.Lock()
+        self._exprs = ExprSet()
         self.hits = 0
         self.misses = 0
+
+    def _shared_exprs(self) -> ExprSet:
+        """The ExprSet every grammar of this compiler is built in: derivatives, lexer transitions
+        and slice checks of common lexemes (strings, numbers, formats) are computed once. Writers
+        hold its lock. Replaced by a fresh one when it grows too big (old grammars keep theirs)."""
+        with self._lock:
+            if len(self._exprs) > EXPRS_RESET_NODES:
+                self._exprs = ExprSet()
+            return self._exprs
 
     # ------------------------------------------------------------------ cache
     def _cached(self, key: tuple, build) -> CompiledGrammar:
@@ -74,8 +88,10 @@ class GrammarCompiler:
         def build():
             from .ebnf import parse_ebnf
 
-            g = parse_ebnf(ebnf, root=root)
-            return CompiledGrammar(g, self.tokenizer_info, root=root, kind="grammar", source=ebnf)
+            ex = self._shared_exprs()
+            with ex.lock:
+                g = parse_ebnf(ebnf, root=root, exprs=ex)
+                return CompiledGrammar(g, self.tokenizer_info, root=root, kind="grammar", source=ebnf)
 
         return self._cached(("grammar", ebnf, root), build)
 
@@ -85,10 +101,12 @@ class GrammarCompiler:
         def build():
             from .regex import parse_regex
 
-            g = Grammar()
-            e = parse_regex(pattern, g.exprs)
-            g.rule("root", [[~e]])
-            return CompiledGrammar(g, self.tokenizer_info, kind="regex", source=pattern)
+            ex = self._shared_exprs()
+            with ex.lock:
+                g = Grammar(ex)
+                e = parse_regex(pattern, ex)
+                g.rule("root", [[~e]])
+                return CompiledGrammar(g, self.tokenizer_info, kind="regex", source=pattern)
 
         return self._cached(("regex", pattern), build)
 
@@ -98,9 +116,11 @@ class GrammarCompiler:
         """Any JSON value (``object_only``: any JSON object, for ``json_object`` mode)."""
 
         def build():
-            g = json_grammar(whitespace=whitespace, max_whitespace=max_whitespace, object_only=object_only)
-            return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False,
-                                   kind="json_object" if object_only else "json")
+            ex = self._shared_exprs()
+            with ex.lock:
+                g = json_grammar(ex, whitespace=whitespace, max_whitespace=max_whitespace, object_only=object_only)
+                return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False,
+                                       kind="json_object" if object_only else "json")
 
         return self._cached(("json", whitespace, max_whitespace, object_only), build)
 
@@ -111,19 +131,20 @@ class GrammarCompiler:
         """A JSON Schema (dict, JSON text, or pydantic model class).
 
         ``any_whitespace`` is accepted for xgrammar compatibility (False means compact)."""
-        from .json_schema import json_schema_grammar, normalize_schema_input
+        from .json_schema import canonical_schema_text, json_schema_grammar, normalize_schema_input
 
         if any_whitespace is False:
             whitespace = "compact"
         schema_obj = normalize_schema_input(schema)
-        # property order matters (it is the order of the output): no sort_keys
-        text = json.dumps(schema_obj, separators=(",", ":"))
+        text = canonical_schema_text(schema_obj)
         opts = (whitespace, max_whitespace, strict, lenient, indent)
 
         def build():
-            g = json_schema_grammar(schema_obj, whitespace=whitespace, max_whitespace=max_whitespace,
-                                    strict=strict, lenient=lenient, indent=indent)
-            return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False, kind="json_schema",
-                                   source=text)
+            ex = self._shared_exprs()
+            with ex.lock:
+                g = json_schema_grammar(schema_obj, whitespace=whitespace, max_whitespace=max_whitespace,
+                                        strict=strict, lenient=lenient, indent=indent, exprs=ex)
+                return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False, kind="json_schema",
+                                       source=text)
 
         return self._cached(("json_schema", text, opts), build)

@@ -621,17 +621,23 @@ class _Strings:
 
 
 class _Compiler:
-    def __init__(self, root, *, whitespace, max_whitespace, strict, lenient, indent, unordered_max=0):
+    def __init__(self, root, *, whitespace, max_whitespace, strict, lenient, indent, unordered_max=0, exprs=None):
         self.root = root
         self.unordered_max = unordered_max
-        self.g = Grammar()
+        self.g = Grammar(exprs)
         self.ex = self.g.exprs
-        self.lx = JsonLexemes(self.ex)
+        # the JSON lexemes and the string-encoding caches live with the ExprSet: a compiler that
+        # shares one ExprSet across schemas builds them once
+        shared = self.ex.__dict__.setdefault("_json_schema_shared", {})
+        if "lx" not in shared:
+            shared["lx"] = JsonLexemes(self.ex)
+            shared["strings"] = _Strings(self.ex, shared["lx"])
+        self.lx = shared["lx"]
         self.strict = strict
         self.lenient = lenient
         self.indent = indent
         self.ws = whitespace_expr(self.ex, whitespace, max_whitespace) if indent is None else EPS
-        self.strings = _Strings(self.ex, self.lx)
+        self.strings = shared["strings"]
         self.warnings: list[str] = []
         self.draft = _detect_draft(root)
         self.ir_cache: dict = {}
@@ -2290,20 +2296,37 @@ def _detect_draft(root) -> int:
     return 2020
 
 
+def canonical_schema_text(schema) -> str:
+    """A cache key for a schema: keys sorted everywhere except inside ``properties``, whose order
+    is the order of the output (so two schemas differing only there get different grammars)."""
+
+    def canon(x, ordered=False):
+        if isinstance(x, dict):
+            items = x.items() if ordered else sorted(x.items())
+            return {k: canon(v, ordered=(k == "properties" and not ordered)) for k, v in items}
+        if isinstance(x, list):
+            return [canon(v) for v in x]
+        return x
+
+    return json.dumps(canon(schema), separators=(",", ":"), ensure_ascii=False)
+
+
 def json_schema_grammar(schema, *, whitespace: str = "flexible", max_whitespace: int = DEFAULT_MAX_WHITESPACE,
                         strict: bool = False, lenient: bool = False, indent: int | None = None,
-                        unordered_properties: int = 0) -> Grammar:
+                        unordered_properties: int = 0, exprs=None) -> Grammar:
     """The grammar of the JSON documents valid against ``schema`` (see the module docstring).
 
     ``unordered_properties=N``: objects with at most N declared properties (N <= 10) accept them
     in any order (the grammar tracks which are present: 2^N states); larger objects keep the
-    ``properties`` order."""
+    ``properties`` order. ``exprs``: the ExprSet to build in (a compiler shares one across its
+    grammars so that derivatives are computed once)."""
     schema = normalize_schema_input(schema)
     if indent is not None and (not isinstance(indent, int) or isinstance(indent, bool) or indent < 0):
         raise ValueError("indent must be a non-negative integer")
     try:
         c = _Compiler(schema, whitespace=whitespace, max_whitespace=max_whitespace, strict=strict,
-                      lenient=lenient, indent=indent, unordered_max=min(max(unordered_properties, 0), 10))
+                      lenient=lenient, indent=indent, unordered_max=min(max(unordered_properties, 0), 10),
+                      exprs=exprs)
         node = c.to_ir(schema, "#", c.base0)
         if is_nothing(node):
             raise EmptyLanguageError("the schema accepts no JSON value")

@@ -19,8 +19,6 @@ sets (:meth:`Lexer.add_start`) and runs the kernel again. After warm-up nothing 
 """
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 from numba import njit
 
@@ -78,7 +76,7 @@ class Lexer:
         self.exprs = exprs
         self.lexemes = list(lexemes)
         self.max_states = max_states
-        self.lock = threading.RLock()
+        self.lock = exprs.lock  # one writer at a time over the (possibly shared) ExprSet
         self._states: list[tuple[tuple[int, int], ...]] = []
         self._state_ids: dict[tuple, int] = {}
         self._acc_sets: list[tuple[int, ...]] = []
@@ -91,7 +89,6 @@ class Lexer:
         self.st_keys = np.zeros(256, dtype=np.int64)
         self.st_vals = np.zeros(256, dtype=np.int32)
         self._n_start = 0
-        self._row_classes: dict[int, tuple] = {}
         self.expanded = np.zeros(cap, dtype=np.bool_)
 
     # ---------------------------------------------------------------- states
@@ -158,20 +155,6 @@ class Lexer:
                 if done > budget:
                     break
                 todo.extend(t for t in new if not self.expanded[t])
-
-    def row_classes(self, s: int) -> tuple[tuple[tuple[int, int], ...], int]:
-        """``(((target, byte_mask), ...), dead_mask)``: state ``s``'s row grouped by target."""
-        r = self._row_classes.get(s)
-        if r is None:
-            if not self.expanded[s]:
-                self.expand(s)
-            row = self.trans[s * 256:(s + 1) * 256].tolist()
-            by: dict[int, int] = {}
-            for b, t in enumerate(row):
-                by[t] = by.get(t, 0) | (1 << b)
-            dead = by.pop(DEAD, 0)
-            r = self._row_classes[s] = (tuple(by.items()), dead)
-        return r
 
     def _expand_one(self, s: int) -> list[int]:
         exprs = self.exprs

@@ -23,6 +23,8 @@ emptiness is exact (:meth:`ExprSet.alive` explores derivatives when AND/NOT are 
 """
 from __future__ import annotations
 
+import threading
+
 from ..errors import GrammarTooComplexError
 
 EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
@@ -55,6 +57,9 @@ class ExprSet:
         self._trans: dict[int, list[tuple[int, int]]] = {}
         self.max_nodes = max_nodes
         self.max_alive_states = max_alive_states
+        #: held by every writer: compilers, lexers and slice checks of all grammars sharing the set
+        self.lock = threading.RLock()
+        self._prefix_cache: dict[tuple[int, int], bool] = {}
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
 
     # ------------------------------------------------------------------ construction
@@ -359,6 +364,38 @@ class ExprSet:
             self._alive[found] = True
             found = parent[found]
         return True
+
+    def prefixes_contain(self, s: int, u: int, max_pairs: int = 50_000) -> bool:
+        """True iff every string of ``s`` is a prefix of some string of ``u`` (exact; memoised).
+        The slicer asks it with ``u`` the union of a lexer state's expressions."""
+        key = (s, u)
+        r = self._prefix_cache.get(key)
+        if r is not None:
+            return r
+        seen = {key}
+        todo = [key]
+        r = True
+        while todo and r:
+            x, y = todo.pop()
+            ty = self.transitions(y)
+            live = 0
+            for m2, _ in ty:
+                live |= m2
+            for m1, x2 in self.transitions(x):
+                if m1 & ~live:
+                    r = False
+                    break
+                for m2, y2 in ty:
+                    if m1 & m2 and (x2, y2) not in seen:
+                        seen.add((x2, y2))
+                        if len(seen) > max_pairs:
+                            r = False
+                            break
+                        todo.append((x2, y2))
+                if not r:
+                    break
+        self._prefix_cache[key] = r
+        return r
 
     def first_bytes(self, e: int) -> int:
         """Mask of the bytes that can start a non-empty string of ``e``."""

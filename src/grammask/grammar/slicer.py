@@ -192,20 +192,9 @@ class SliceChecker:
         return f
 
     def _contained(self, s0: int, e: int) -> bool:
-        lx = self.lexer
-        ex = lx.exprs
-        seen = {(e, s0)}
-        todo = [(e, s0)]
-        while todo:
-            x, t = todo.pop()
-            classes, dead = lx.row_classes(t)
-            for m, x2 in ex.transitions(x):
-                if m & dead:
-                    return False
-                for t2, tm in classes:
-                    if m & tm and (x2, t2) not in seen:
-                        seen.add((x2, t2))
-                        if len(seen) > MAX_CHECK_PAIRS:
-                            return False
-                        todo.append((x2, t2))
-        return True
+        """Every string of slice ``e`` keeps lexer state ``s0`` alive: the same as every string
+        of ``e`` being a prefix of the union of the state's expressions (cached in the ExprSet,
+        so shared by every grammar compiled into it)."""
+        ex = self.lexer.exprs
+        u = ex.alt(*[x for _, x in self.lexer.state_members(s0)])
+        return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS)

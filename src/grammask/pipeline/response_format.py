@@ -30,8 +30,9 @@ from .structural_tag import TagSpec, TagStructure, structural_tag_grammar, tools
 
 
 def _canon_json(obj) -> str:
-    # key order is kept: the order of properties is the order of the output
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    from ..grammar.json_schema import canonical_schema_text
+
+    return canonical_schema_text(obj)
 
 
 @dataclass(frozen=True)
