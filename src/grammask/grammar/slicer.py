@@ -23,11 +23,34 @@ from .regex import parse_regex
 from .regexset import ExprSet
 from .toktrie import TokTrie
 
+#: a slice of tokens that end inside a UTF-8 character: plain string characters, then a proper
+#: prefix of a multi-byte character (byte-level BPE vocabularies have many such tokens)
+PARTIAL_UTF8 = "<string characters, then part of a UTF-8 character>"
 JSON_STRING_SLICES = (
     r'[^"\\\x00-\x1F\x7F]{1,10}',
     r'[^"\\\x00-\x1F\x7F]{11,30}',
     r'[^"\\\x00-\x1F\x7F]{31,}',
+    PARTIAL_UTF8,
 )
+
+
+def slice_expr(pattern: str, ex: ExprSet) -> int:
+    """The expression of a slice: a regex, or the named byte-level slice :data:`PARTIAL_UTF8`."""
+    if pattern != PARTIAL_UTF8:
+        return parse_regex(pattern, ex)
+    r = ex.byte_range
+    cont = r(0x80, 0xBF)
+    partial = ex.alt(
+        r(0xC2, 0xDF),
+        ex.concat(ex.literal(b"\xe0"), ex.opt(r(0xA0, 0xBF))),
+        ex.concat(r(0xE1, 0xEC), ex.opt(cont)),
+        ex.concat(ex.literal(b"\xed"), ex.opt(r(0x80, 0x9F))),
+        ex.concat(r(0xEE, 0xEF), ex.opt(cont)),
+        ex.concat(ex.literal(b"\xf0"), ex.opt(ex.concat(r(0x90, 0xBF), ex.opt(cont)))),
+        ex.concat(r(0xF1, 0xF3), ex.opt(ex.concat(cont, ex.opt(cont)))),
+        ex.concat(ex.literal(b"\xf4"), ex.opt(ex.concat(r(0x80, 0x8F), ex.opt(cont)))),
+    )
+    return ex.concat(ex.star(parse_regex(r'[^"\\\x00-\x1F\x7F]', ex)), partial)
 MAX_DFA_STATES = 4096
 MAX_CHECK_PAIRS = 50_000
 
@@ -88,7 +111,7 @@ class SliceForest:
         in_trie = np.zeros(len(tb), dtype=np.bool_)
         in_trie[trie.tok_ids] = True
         ex = ExprSet()
-        dfas = [_dense_dfa(ex, parse_regex(p, ex)) for p in self.patterns]
+        dfas = [_dense_dfa(ex, slice_expr(p, ex)) for p in self.patterns]
         n_states = max(d[0].shape[0] for d in dfas)
         table = np.full((len(dfas), n_states, 256), -1, np.int32)
         accept = np.zeros((len(dfas), n_states), np.bool_)
@@ -178,7 +201,7 @@ class SliceChecker:
         self.lexer = lexer
         ex = lexer.exprs
         with lexer.lock:
-            self.exprs = [parse_regex(p, ex) for p in patterns]
+            self.exprs = [slice_expr(p, ex) for p in patterns]
         self._cache: dict[int, np.ndarray] = {}
 
     def skip_flags(self, s: int) -> tuple[np.ndarray, int]:
