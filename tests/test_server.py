@@ -534,7 +534,6 @@ def test_real_client_dropped_mid_stream_then_normal_request(real_url):
 
 
 @needs_model
-@pytest.mark.slow
 async def test_real_16_concurrent_schemas(real_url):
     url, _ = real_url
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=600)
