@@ -42,7 +42,16 @@ ENGINES = ("grammask", "llguidance", "xgrammar")
 
 
 # ------------------------------------------------------------------------------ engines (workers)
-class GrammaskEngine:
+class _Engine:
+    """What every engine shares: a one-row int32 bitmask in the common layout."""
+
+    bitmask = None
+
+    def allowed(self, t: int) -> bool:
+        return bool((int(self.bitmask[0, t >> 5]) >> (t & 31)) & 1)
+
+
+class GrammaskEngine(_Engine):
     def __init__(self, tok_path: str):
         from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo, allocate_token_bitmask
 
@@ -61,9 +70,6 @@ class GrammaskEngine:
     def fill(self, m) -> None:
         m.fill_next_token_bitmask(self.bitmask, 0)
 
-    def allowed(self, t: int) -> bool:
-        return bool((int(self.bitmask[0, t >> 5]) >> (t & 31)) & 1)
-
     def accept(self, m, t: int) -> bool:
         return m.accept_token(t)
 
@@ -71,7 +77,7 @@ class GrammaskEngine:
         return m.can_terminate()
 
 
-class LLGuidanceEngine:
+class LLGuidanceEngine(_Engine):
     def __init__(self, tok_path: str):
         import llguidance
         import llguidance.hf
@@ -100,9 +106,6 @@ class LLGuidanceEngine:
     def fill(self, m) -> None:
         self.np.fill_next_token_bitmask(m, self.bitmask, 0)
 
-    def allowed(self, t: int) -> bool:
-        return bool((int(self.bitmask[0, t >> 5]) >> (t & 31)) & 1)
-
     def accept(self, m, t: int) -> bool:
         return m.consume_token(t) and not m.is_error()
 
@@ -110,7 +113,7 @@ class LLGuidanceEngine:
         return m.is_accepting()
 
 
-class XGrammarEngine:
+class XGrammarEngine(_Engine):
     def __init__(self, tok_path: str):
         import xgrammar as xgr
         from transformers import PreTrainedTokenizerFast
@@ -129,9 +132,6 @@ class XGrammarEngine:
 
     def fill(self, m) -> None:
         m.fill_next_token_bitmask(self.bitmask, 0)
-
-    def allowed(self, t: int) -> bool:
-        return bool((int(self.bitmask[0, t >> 5]) >> (t & 31)) & 1)
 
     def accept(self, m, t: int) -> bool:
         return m.accept_token(t)

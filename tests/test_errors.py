@@ -260,10 +260,11 @@ HEAVY_KILL_S = 90
 HEAVY = [
     # the lexeme split of "a"{1,n} into n rules: lowering is quadratic in n (_follow_sets)
     ("ebnf", 'root ::= x | x root\nx ::= "a"{1,15000}'),
-    # the first mask explores a lexer DFA with exponentially many states (slicer containment)
+    # the first mask explored a lexer DFA with exponentially many states (slicer containment)
     ("regex", r"(.{1,60}x){1,100}"),
     ("ebnf", 'root ::= x | x root\nx ::= [a-z]{1,3000}'),
     ("ebnf", 'root ::= (x " "?){1,9000}\nx ::= [0-9]+'),
+    # the first mask: slicer containment (ExprSet.prefixes_contain) on huge counted derivatives
     ("regex", r"([^x]{1,99999}|x){99999}"),
     ("regex", r"((ab|a){1,1000}c){1,1000}"),
 ]

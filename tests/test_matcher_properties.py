@@ -524,7 +524,6 @@ def _expected(logits: np.ndarray, allowed_rows: list[set[int]]):
 
 def test_apply_bitmask_numpy_and_torch(spm_padded):
     info, comp = spm_padded
-    r = random.Random(4)
     ms = _matchers_in_various_states(info, comp, n=4)
     bm = allocate_token_bitmask(len(ms), info.vocab_size)
     fill_next_token_bitmasks(ms, bm)
@@ -576,7 +575,6 @@ def test_apply_bitmask_numpy_and_torch(spm_padded):
     got_t = torch.from_numpy(logits[:1].copy())
     apply_token_bitmask_inplace(got_t, torch.from_numpy(full), vocab_size=info.vocab_size)
     assert torch.equal(got_t, torch.from_numpy(got))
-    _ = r
 
     with pytest.raises(MatcherError):
         apply_token_bitmask_inplace(logits.copy(), bm.astype(np.int64))

@@ -33,7 +33,7 @@ from .regexset import AND, BYTES, CONCAT, EPS, INF, NOT, OR, REPEAT, ExprSet
 # flat symbol encoding in the Earley tables
 SYM_END = -1  # end of a production; the lexeme with index l is encoded as -(l + 2)
 
-MAX_SPLIT_REPEAT = 20_000
+MAX_SPLIT_REPEAT = 2_000
 MAX_LOWER_ROUNDS = 64
 MAX_PRODUCT_PAIRS = 5_000
 MAX_LOWER_SECONDS = 30.0
@@ -319,7 +319,14 @@ def _nullable_nts(rules: dict[int, list[list[int]]]) -> set[int]:
     return nullable
 
 
-def _follow_sets(rules, root_id, term_value) -> tuple[dict[int, int], int]:
+def _check_deadline(deadline: float | None) -> None:
+    import time
+
+    if deadline is not None and time.monotonic() > deadline:
+        raise GrammarTooComplexError(f"checking the grammar's lexemes took over {MAX_LOWER_SECONDS:.0f} s")
+
+
+def _follow_sets(rules, root_id, term_value, deadline: float | None = None) -> tuple[dict[int, int], int]:
     """For every terminal, the union over its occurrences of what may come right after it, and
     what may come first from the root; ``term_value(e)`` is a terminal's own (bitset) value:
     its first bytes, or its lexeme bit."""
@@ -346,6 +353,7 @@ def _follow_sets(rules, root_id, term_value) -> tuple[dict[int, int], int]:
     changed = True
     while changed:
         changed = False
+        _check_deadline(deadline)
         for nt, alts in rules.items():
             m = first[nt]
             for a in alts:
@@ -357,6 +365,7 @@ def _follow_sets(rules, root_id, term_value) -> tuple[dict[int, int], int]:
     changed = True
     while changed:
         changed = False
+        _check_deadline(deadline)
         for nt, alts in rules.items():
             for a in alts:
                 for i, s in enumerate(a):
@@ -380,7 +389,7 @@ def _follow_sets(rules, root_id, term_value) -> tuple[dict[int, int], int]:
     return term_follow, first[root_id]
 
 
-def _colive(ex: ExprSet, rules, root_id, terms: list[int]) -> dict[int, int]:
+def _colive(ex: ExprSet, rules, root_id, terms: list[int], deadline: float | None = None) -> dict[int, int]:
     """For each terminal, a bitset (by position in ``terms``) of the terminals that may be
     allowed in the same Earley row (a sound over-approximation).
 
@@ -388,7 +397,7 @@ def _colive(ex: ExprSet, rules, root_id, terms: list[int]) -> dict[int, int]:
     allows is what may follow one of them. So the groups are FIRST(root) and FOLLOW(X) for each
     terminal X, and FOLLOW(X1) | FOLLOW(X2) whenever X1 and X2 share a group and a string."""
     bit = {e: 1 << i for i, e in enumerate(terms)}
-    follow, start = _follow_sets(rules, root_id, lambda e: bit[e])
+    follow, start = _follow_sets(rules, root_id, lambda e: bit[e], deadline)
     groups = {start} | {follow.get(e, 0) for e in terms}
     meets: dict[tuple[int, int], bool] = {}
     for _ in range(8):
@@ -444,9 +453,9 @@ def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable
     deadline = time.monotonic() + MAX_LOWER_SECONDS
     ext_cache: dict[tuple[int, int], int] = {}
     for _ in range(MAX_LOWER_ROUNDS):
-        term_follow, _ = _follow_sets(rules, root_id, ex.first_bytes)
+        term_follow, _ = _follow_sets(rules, root_id, ex.first_bytes, deadline)
         terms = sorted(term_follow)
-        colive = _colive(ex, rules, root_id, terms)
+        colive = _colive(ex, rules, root_id, terms, deadline)
         firsts = {e: ex.first_bytes(e) for e in terms}
         to_split: dict[int, int | None] = {}
         for e1 in terms:

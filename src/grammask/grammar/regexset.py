@@ -365,17 +365,24 @@ class ExprSet:
             found = parent[found]
         return True
 
-    def prefixes_contain(self, s: int, u: int, max_pairs: int = 50_000) -> bool:
-        """True iff every string of ``s`` is a prefix of some string of ``u`` (exact; memoised).
-        The slicer asks it with ``u`` the union of a lexer state's expressions."""
+    def prefixes_contain(self, s: int, u: int, max_pairs: int = 50_000, max_seconds: float = 0.25) -> bool:
+        """True iff every string of ``s`` is a prefix of some string of ``u`` (memoised). Exact,
+        except that an exploration beyond ``max_pairs`` pairs or ``max_seconds`` answers False
+        (the slicer then walks the slice's trie: slower, never wrong)."""
+        import time
+
         key = (s, u)
         r = self._prefix_cache.get(key)
         if r is not None:
             return r
+        deadline = time.monotonic() + max_seconds
         seen = {key}
         todo = [key]
         r = True
         while todo and r:
+            if len(seen) & 63 == 0 and time.monotonic() > deadline:
+                r = False
+                break
             x, y = todo.pop()
             ty = self.transitions(y)
             live = 0
