@@ -76,7 +76,8 @@ def apply_token_bitmask_inplace(logits, bitmask, *, vocab_size: int | None = Non
     ``logits``: ``[batch, V]`` or ``[V]`` numpy array or torch tensor (any device for torch: the
     mask is expanded with torch ops on the logits' device). ``V`` may differ from the bitmask's
     width * 32 (padded vocabularies): tokens beyond the bitmask are disallowed, bits beyond ``V``
-    are ignored. ``indices``: the logits rows to mask with bitmask rows ``0..len-1``.
+    are ignored. ``indices`` (xgrammar's meaning): only rows ``i in indices`` are masked, logits
+    row ``i`` with bitmask row ``i``.
     """
     if isinstance(logits, np.ndarray):
         _apply_numpy(logits, np.asarray(bitmask), vocab_size, indices)
