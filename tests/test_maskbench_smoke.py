@@ -22,30 +22,15 @@ pytestmark = pytest.mark.skipif(not DATA.is_dir() or not list(DATA.glob("*.jsonl
                                 reason=f"MaskBench data not found at {DATA}")
 
 
-def _sample():
-    files = sorted(DATA.glob("*.jsonl"))
-    per_file = [sum(1 for _ in open(f)) for f in files]
-    total = sum(per_file)
-    every = max(1, total // N_SCHEMAS)
-    out, idx = [], 0
-    for f in files:
-        with open(f) as fh:
-            for line in fh:
-                if idx % every == 0:
-                    rec = json.loads(line)
-                    out.append((rec["id"], f.stem, rec["schema"], rec.get("tests", [])))
-                idx += 1
-    return out
-
-
 def test_maskbench_smoke():
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from common import Llama3
-    from maskbench import GrammaskEngine, run_schema
+    from maskbench import GrammaskEngine, load_schemas, run_schema
 
     tok = Llama3()
     engine = GrammaskEngine(tok.path)
-    schemas = _sample()
+    total = sum(sum(1 for _ in open(f)) for f in DATA.glob("*.jsonl"))
+    schemas = load_schemas(DATA, max(1, total // N_SCHEMAS), None)
     splits = {s for _, s, _, _ in schemas}
     assert len(splits) >= 15, splits
     passing, invalid_accepted, failures = 0, [], []
