@@ -157,19 +157,17 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
         return out
 
     def prune() -> None:
-        # productive nonterminals
-        productive: set[int] = set()
-        changed = True
-        while changed:
-            changed = False
-            for nt, alts in rules.items():
-                if nt in productive:
-                    continue
-                for a in alts:
-                    if all((s >= 0 and s in productive) or (s < 0 and ex.alive(~s)) for s in a):
-                        productive.add(nt)
-                        changed = True
-                        break
+        # productive nonterminals: an alternative is productive when every nonterminal in it is
+        # and every terminal is non-empty (a linear worklist fixpoint)
+        alive: dict[int, bool] = {}
+
+        def term_ok(e: int) -> bool:
+            v = alive.get(e)
+            if v is None:
+                v = alive[e] = ex.alive(e)
+            return v
+
+        productive = _horn_fixpoint(rules, term_ok)
         if root_id not in productive:
             raise EmptyLanguageError(f"the grammar's root {names[root_id]!r} derives no string")
         for nt in list(rules):
@@ -177,7 +175,7 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 del rules[nt]
                 continue
             rules[nt] = [a for a in rules[nt]
-                         if all((s >= 0 and s in productive) or (s < 0 and ex.alive(~s)) for s in a)]
+                         if all((s >= 0 and s in productive) or (s < 0 and term_ok(~s)) for s in a)]
         # reachable
         seen = {root_id}
         todo = [root_id]
@@ -307,16 +305,47 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
     return _flatten(ex, rules, root_id, names)
 
 
+def _horn_fixpoint(rules: dict[int, list[list[int]]], term_ok) -> set[int]:
+    """The least set of nonterminals N such that nt is in N when some alternative of nt has all
+    its nonterminals in N and ``term_ok(e)`` for each of its terminals ~e. Linear in the grammar
+    size: every alternative counts its missing nonterminals, and a nonterminal joining N
+    decrements the alternatives it occurs in."""
+    missing: list[int] = []
+    owner: list[int] = []
+    uses: dict[int, list[int]] = {}
+    done: set[int] = set()
+    todo: list[int] = []
+    for nt, alts in rules.items():
+        for a in alts:
+            k = len(missing)
+            need = 0
+            ok = True
+            for s in a:
+                if s >= 0:
+                    need += 1
+                    uses.setdefault(s, []).append(k)
+                elif not term_ok(~s):
+                    ok = False
+            missing.append(need if ok else -1)
+            owner.append(nt)
+            if ok and need == 0 and nt not in done:
+                done.add(nt)
+                todo.append(nt)
+    while todo:
+        nt = todo.pop()
+        for k in uses.get(nt, ()):
+            if missing[k] > 0:
+                missing[k] -= 1
+                if missing[k] == 0:
+                    o = owner[k]
+                    if o not in done:
+                        done.add(o)
+                        todo.append(o)
+    return done
+
+
 def _nullable_nts(rules: dict[int, list[list[int]]]) -> set[int]:
-    nullable: set[int] = set()
-    changed = True
-    while changed:
-        changed = False
-        for nt, alts in rules.items():
-            if nt not in nullable and any(all(s >= 0 and s in nullable for s in a) for a in alts):
-                nullable.add(nt)
-                changed = True
-    return nullable
+    return _horn_fixpoint(rules, lambda e: False)
 
 
 def _check_deadline(deadline: float | None) -> None:

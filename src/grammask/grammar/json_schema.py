@@ -292,6 +292,20 @@ def _escape_pointer(s: str) -> str:
 _SHORT = {0x22: '\\"', 0x5C: "\\\\", 0x2F: "\\/", 0x08: "\\b", 0x0C: "\\f", 0x0A: "\\n", 0x0D: "\\r", 0x09: "\\t"}
 
 
+def _byte_runs(m: int) -> list[tuple[int, int]]:
+    """Maximal runs of consecutive bytes in the 256-bit set ``m``."""
+    out = []
+    b = 0
+    while m >> b:
+        if m >> b & 1:
+            lo = b
+            while m >> (b + 1) & 1:
+                b += 1
+            out.append((lo, b))
+        b += 1
+    return out
+
+
 class _Strings:
     """JSON string encodings of decoded-string languages."""
 
@@ -318,6 +332,8 @@ class _Strings:
         self._enc: dict[int, int] = {}
         self._chars: dict[int, object] = {}
         self._maxlen: dict[int, float] = {}
+        self._lit: dict[tuple, int] = {}
+        self._lit_chars: dict[tuple, int] = {}
         self.body_restricted = None
         self.body_restricted = self.enc(self.any_dec)
 
@@ -414,6 +430,7 @@ class _Strings:
                 stack.append((t, path + (m,)))
         ranges = []
         work = 0
+        cont_full = ((1 << 0xC0) - 1) ^ ((1 << 0x80) - 1)
         for path in paths:
             first = path[0]
             n = len(path)
@@ -421,32 +438,26 @@ class _Strings:
             if first >> (lead_ok[1] + 1) or first & ((1 << lead_ok[0]) - 1):
                 return None
             for m in path[1:]:
-                if m & ~(((1 << 0xC0) - 1) ^ ((1 << 0x80) - 1)):
+                if m & ~cont_full:
                     return None
-            bytes_of = [[b for b in range(256) if m >> b & 1] for m in path]
-            for b1 in bytes_of[0]:
-                mids = [()]
-                for lst in bytes_of[1:-1]:
-                    mids = [mm + (b,) for mm in mids for b in lst]
-                    work += len(mids)
-                    if work > 200_000:
-                        return None
-                for mm in mids:
-                    seq = (b1,) + mm
-                    if n == 1:
-                        ranges.append((b1, b1))
-                        continue
-                    last = bytes_of[-1]
-                    start = prev = None
-                    for b in last + [None]:
-                        if b is not None and prev is not None and b == prev + 1:
-                            prev = b
-                            continue
-                        if start is not None:
-                            lo = bytes(seq + (start,)).decode("utf-8", "surrogatepass")
-                            hi = bytes(seq + (prev,)).decode("utf-8", "surrogatepass")
-                            ranges.append((ord(lo), ord(hi)))
-                        start = prev = b
+            # positions from ``j`` on are all full continuation sets: iterate single bytes before
+            # ``j - 1`` and runs of bytes at ``j - 1`` (each run is one contiguous code point range)
+            j = n
+            while j > 1 and path[j - 1] == cont_full:
+                j -= 1
+            runs_at = [_byte_runs(m) for m in path]
+            prefixes = [()]
+            for k in range(j - 1):
+                prefixes = [pre + (b,) for pre in prefixes for lo, hi in runs_at[k] for b in range(lo, hi + 1)]
+                work += len(prefixes)
+                if work > 200_000:
+                    return None
+            tail_lo, tail_hi = (0x80,) * (n - j), (0xBF,) * (n - j)
+            for pre in prefixes:
+                for lo, hi in runs_at[j - 1]:
+                    a = bytes(pre + (lo,) + tail_lo).decode("utf-8", "surrogatepass")
+                    b = bytes(pre + (hi,) + tail_hi).decode("utf-8", "surrogatepass")
+                    ranges.append((ord(a), ord(b)))
         merged: list = []
         for lo, hi in sorted(ranges):
             if merged and lo <= merged[-1][1] + 1:
@@ -602,9 +613,17 @@ class _Strings:
     def literal(self, s: str, full: bool) -> int:
         """Spellings of string ``s`` (body, without quotes). ``full``: every JSON spelling;
         otherwise raw/short escapes, ``\\uXXXX`` for control and non-ASCII characters."""
-        ex = self.ex
-        parts = []
-        for ch in s:
+        key = (s, full)
+        r = self._lit.get(key)
+        if r is None:
+            r = self._lit[key] = self.ex.concat(*[self._char_forms(ch, full) for ch in s])
+        return r
+
+    def _char_forms(self, ch: str, full: bool) -> int:
+        key = (ch, full)
+        r = self._lit_chars.get(key)
+        if r is None:
+            ex = self.ex
             cp = ord(ch)
             forms = []
             if cp >= 0x20 and ch not in '"\\' and not (0xD800 <= cp <= 0xDFFF):
@@ -613,8 +632,8 @@ class _Strings:
                 forms.append(ex.literal(_SHORT[cp]))
             if full or not (0x20 <= cp < 0x7F):
                 forms.append(self._u(cp))
-            parts.append(ex.alt(*forms))
-        return ex.concat(*parts)
+            r = self._lit_chars[key] = ex.alt(*forms)
+        return r
 
 
 # ====================================================================== compiler

@@ -31,6 +31,39 @@ ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
 
 
+def _moves(exprs: ExprSet, key: tuple[int, ...]):
+    """The byte transitions of a lexer state whose members have expressions ``key`` (sorted):
+    ``cls`` maps each byte to a target index (-1: dead) and ``targets[k]`` lists the
+    ``(member position, derivative)`` pairs of target ``k``."""
+    per_member = [exprs.transitions(e) for e in key]
+    # the coarsest partition of the bytes on which every member's move is constant
+    parts = [ALL_BYTES]
+    for tr in per_member:
+        for m, _t in tr:
+            nxt = []
+            for p in parts:
+                a = p & m
+                if a and a != p:
+                    nxt.append(a)
+                    nxt.append(p & ~m)
+                else:
+                    nxt.append(p)
+            parts = nxt
+    cls = np.full(256, -1, dtype=np.int32)
+    targets = []
+    for p in parts:
+        tgt = []
+        for j, tr in enumerate(per_member):
+            for m, t in tr:
+                if m & p:
+                    tgt.append((j, t))
+                    break
+        if tgt:
+            cls[_mask_bytes(p)] = len(targets)
+            targets.append(tuple(tgt))
+    return cls, targets
+
+
 def _mask_bytes(m: int) -> np.ndarray:
     """The bytes of a 256-bit mask as an index array (cached)."""
     r = _MASK_BYTES.get(m)
@@ -77,6 +110,7 @@ class Lexer:
         self.lexemes = list(lexemes)
         self.max_states = max_states
         self.lock = exprs.lock  # one writer at a time over the (possibly shared) ExprSet
+        self._moves_cache = exprs.__dict__.setdefault("_lexer_moves", {})
         self._states: list[tuple[tuple[int, int], ...]] = []
         self._state_ids: dict[tuple, int] = {}
         self._acc_sets: list[tuple[int, ...]] = []
@@ -157,40 +191,27 @@ class Lexer:
                 todo.extend(t for t in new if not self.expanded[t])
 
     def _expand_one(self, s: int) -> list[int]:
-        exprs = self.exprs
         members = self._states[s]
-        per_member = [(lx, exprs.transitions(e)) for lx, e in members]
-        # the coarsest partition of the bytes on which every member's move is constant
-        parts = [ALL_BYTES]
-        for _, tr in per_member:
-            for m, _t in tr:
-                nxt = []
-                for p in parts:
-                    a = p & m
-                    if a and a != p:
-                        nxt.append(a)
-                        nxt.append(p & ~m)
-                    else:
-                        nxt.append(p)
-                parts = nxt
-        row = np.full(256, DEAD, dtype=np.int32)
+        # the moves depend only on the members' expressions: they are computed once per ExprSet
+        # (shared by every grammar compiled on it) in a lexeme-independent form, so the many
+        # grammars that share JSON's lexemes (strings, numbers, punctuation) reuse them
+        order = sorted(range(len(members)), key=lambda i: members[i][1])
+        key = tuple(members[i][1] for i in order)
+        cache = self._moves_cache
+        moves = cache.get(key)
+        if moves is None:
+            moves = cache[key] = _moves(self.exprs, key)
+        cls, targets = moves
+        ids = np.empty(len(targets) + 1, dtype=np.int32)
+        ids[-1] = DEAD
         new = []
-        for p in parts:
-            key = []
-            for lx, tr in per_member:
-                for m, t in tr:
-                    if m & p:
-                        key.append((lx, t))
-                        break
-            if not key:
-                continue
+        for k, tgt in enumerate(targets):
             before = len(self._states)
-            t = self._intern(tuple(sorted(key)))
+            t = self._intern(tuple(sorted((members[order[j]][0], e) for j, e in tgt)))
             if t >= before:
                 new.append(t)
-            row[_mask_bytes(p)] = t
-        trans = self.trans
-        trans[s * 256:(s + 1) * 256] = row
+            ids[k] = t
+        self.trans[s * 256:(s + 1) * 256] = ids[cls]
         self.expanded[s] = True
         return new
 

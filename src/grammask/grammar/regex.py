@@ -582,7 +582,14 @@ class _Parser:
 
 
 def _parse(pattern: str, exprs: ExprSet) -> list[tuple[bool, int, bool]]:
-    return _Parser(pattern, exprs).parse_top()
+    # parsed once per ExprSet (expressions are hash-consed there, so the result stays valid)
+    cache = exprs.__dict__.setdefault("_regex_parse_cache", {})
+    r = cache.get(pattern)
+    if r is None:
+        r = _Parser(pattern, exprs).parse_top()
+        if len(cache) < 10_000:
+            cache[pattern] = r
+    return r
 
 
 def parse_regex(pattern: str, exprs: ExprSet) -> int:

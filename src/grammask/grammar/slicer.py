@@ -201,7 +201,10 @@ class SliceChecker:
         self.lexer = lexer
         ex = lexer.exprs
         with lexer.lock:
-            self.exprs = [slice_expr(p, ex) for p in patterns]
+            cache = ex.__dict__.setdefault("_slice_exprs", {})
+            if patterns not in cache:
+                cache[patterns] = [slice_expr(p, ex) for p in patterns]
+            self.exprs = cache[patterns]
         self._cache: dict[int, np.ndarray] = {}
 
     def skip_flags(self, s: int) -> tuple[np.ndarray, int]:
