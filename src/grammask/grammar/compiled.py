@@ -73,7 +73,7 @@ class CompiledGrammar:
             progressed = False
             for s in set(M[0][: cnt[0]].tolist()):
                 if not lx.expanded[s]:
-                    lx.expand(s, budget=2)
+                    lx.expand(s, budget=0)
                     progressed = True
             off = M[2]
             for i in range(cnt[1]):

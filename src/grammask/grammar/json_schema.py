@@ -2098,7 +2098,9 @@ class _Compiler:
                         variants.append(([ktok, self.gen(vv, vlead, depth + 1)], t))
             mem.append((variants, req))
         all_names = [k for k, _ in props]
-        excl_declared = ex.complement(ex.alt(*[S.literal(k, True) for k in all_names])) if all_names else None
+        # keys are spelled like the declared ones (raw ASCII, short escapes, \\uXXXX for control and
+        # non-ASCII characters): other keys are those spellings minus the declared names'
+        excl_declared = ex.complement(ex.alt(*[S.literal(k, False) for k in all_names])) if all_names else None
         add_alts = []   # [(symbols, bits)]
         for lang, v in self.key_regions(o, all_names):
             for t in [0] + subsets:
@@ -2114,7 +2116,7 @@ class _Compiler:
                                                                  for k in all_names]))) if all_names else lg
                     if self.lang_empty(dec) is True:
                         continue
-                body = S.body_full if lg is None else S.enc(lg)
+                body = S.body_restricted if lg is None else S.enc(lg)
                 if excl_declared is not None:
                     body = ex.intersect(body, excl_declared)
                 add_alts.append(([key_tok(body), self.gen(vv, vlead, depth + 1)], t))

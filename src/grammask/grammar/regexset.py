@@ -52,6 +52,9 @@ class ExprSet:
         self._deriv: dict[tuple[int, int], int] = {}
         self._classes: dict[int, tuple[int, ...]] = {}
         self._alive: dict[int, bool] = {}
+        self._minlen: dict[int, float] = {}
+        self._unbounded: dict[int, bool] = {}
+        self._subset_cache: dict[tuple[int, int], bool] = {}
         self._fm: dict[int, frozenset] = {}
         self._partition_cache: dict[frozenset, tuple[int, ...]] = {}
         self._trans: dict[int, list[tuple[int, int]]] = {}
@@ -338,6 +341,10 @@ class ExprSet:
         r = self._alive.get(e)
         if r is not None:
             return r
+        r = self._alive_structural(e)
+        if r is not None:
+            self._alive[e] = r
+            return r
         parent = {e: -1}
         todo = [e]
         found = -1
@@ -365,6 +372,121 @@ class ExprSet:
             found = parent[found]
         return True
 
+    def _alive_structural(self, e: int) -> bool | None:
+        """Emptiness from the structure where that is exact (None: explore the automaton).
+        Concatenations, unions and repeats reduce to their parts; ``x & .{lo,hi}`` with ``x``
+        free of intersections/complements (length bounds of formats, ``maxLength``) is decided
+        by the shortest word of ``x``, which avoids exploring the product automaton."""
+        k = self.kind[e]
+        if k == CONCAT:
+            while self.kind[e] == CONCAT:
+                x, e = self.args[e]
+                if not self.alive(x):
+                    return False
+            return self.alive(e)
+        if k == OR:
+            return any(self.alive(x) for x in self.args[e])
+        if k == REPEAT:
+            return self.args[e][1] == 0 or self.alive(self.args[e][0])
+        if k == AND and len(self.args[e]) == 2:
+            a, b = self.args[e]
+            for x, y in ((a, b), (b, a)):
+                if (self.kind[y] == REPEAT and self.args[y][0] == self.any_byte()
+                        and not self._has_bool[x]):
+                    _, lo, hi = self.args[y]
+                    n = self.min_length(x)
+                    if hi != INF and n > hi:
+                        return False
+                    if n >= lo:
+                        return True
+        return None
+
+    def _repeat_covers(self, s: int, u: int) -> bool:
+        """A sufficient structural test for :meth:`prefixes_contain`: ``s`` is ``C{a,b}`` and some
+        alternative of ``u`` is ``X{lo,hi} rest`` with ``L(C)`` within ``L(X)``, ``b <= hi`` and
+        ``X``, ``rest`` non-empty: then every ``w`` in ``C^k`` (``k <= b``) is in ``X^k``, which
+        extends to a word of ``u``. This is the common case of a slice against a string
+        lexeme deep in a counted body (``maxLength``)."""
+        if self.kind[s] != REPEAT:
+            return False
+        c, _a, b = self.args[s]
+        for m in (self.args[u] if self.kind[u] == OR else (u,)):
+            if self.kind[m] == CONCAT:
+                first, rest = self.args[m]
+            else:
+                first, rest = m, EPS
+            if self.kind[first] != REPEAT:
+                continue
+            x, _lo, hi = self.args[first]
+            if hi != INF and (b == INF or b > hi):
+                continue
+            if not (self.alive(x) and self.alive(rest)):
+                continue
+            key = (c, x)
+            sub = self._subset_cache.get(key)
+            if sub is None:
+                sub = self._subset_cache[key] = not self.alive(self.intersect(c, self.complement(x)))
+            if sub:
+                return True
+        return False
+
+    def may_be_infinite(self, e: int) -> bool:
+        """False only when the language of ``e`` is certainly finite (no unbounded repeat
+        or complement that could make it infinite)."""
+        r = self._unbounded.get(e)
+        if r is not None:
+            return r
+        k = self.kind[e]
+        if k == REPEAT:
+            r = self.args[e][2] == INF or self.may_be_infinite(self.args[e][0])
+        elif k == NOT:
+            r = True
+        elif k == AND:
+            r = all(self.may_be_infinite(x) for x in self.args[e])
+        elif k == OR:
+            r = any(self.may_be_infinite(x) for x in self.args[e])
+        elif k == CONCAT:
+            r = False
+            x = e
+            while self.kind[x] == CONCAT and not r:
+                a, x = self.args[x]
+                r = self.may_be_infinite(a)
+            r = r or self.may_be_infinite(x)
+        else:
+            r = False
+        self._unbounded[e] = r
+        return r
+
+    def min_length(self, e: int) -> float:
+        """Length of the shortest word of ``e`` (``inf`` when empty); for expressions without
+        intersections or complements."""
+        r = self._minlen.get(e)
+        if r is not None:
+            return r
+        k = self.kind[e]
+        if k == EMPTY:
+            r = float("inf")
+        elif k == EPS:
+            r = 0
+        elif k == BYTES:
+            r = 1
+        elif k == CONCAT:
+            r = 0
+            x = e
+            while self.kind[x] == CONCAT:
+                a, x = self.args[x]
+                r += self.min_length(a)
+            r += self.min_length(x)
+        elif k == OR:
+            r = min(self.min_length(x) for x in self.args[e])
+        elif k == REPEAT:
+            x, lo, _ = self.args[e]
+            r = 0 if lo == 0 else lo * self.min_length(x)
+        else:
+            raise ValueError("min_length of an intersection or complement")
+        self._minlen[e] = r
+        return r
+
     def prefixes_contain(self, s: int, u: int, max_pairs: int = 50_000, max_seconds: float = 0.25) -> bool:
         """True iff every string of ``s`` is a prefix of some string of ``u`` (memoised). Exact,
         except that an exploration beyond ``max_pairs`` pairs or ``max_seconds`` answers False
@@ -375,6 +497,15 @@ class ExprSet:
         r = self._prefix_cache.get(key)
         if r is not None:
             return r
+        if self.may_be_infinite(s) and not self.may_be_infinite(u):
+            # a finite language has finitely many prefixes (deep in a counted string such as
+            # ``maxLength: 65535`` this saves exploring the whole counter); False is the safe
+            # answer if ``s`` happens to be finite after all
+            self._prefix_cache[key] = False
+            return False
+        if self._repeat_covers(s, u):
+            self._prefix_cache[key] = True
+            return True
         deadline = time.monotonic() + max_seconds
         seen = {key}
         todo = [key]
