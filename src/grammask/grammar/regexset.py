@@ -324,6 +324,10 @@ class ExprSet:
         r = self._trans.get(e)
         if r is not None:
             return r
+        r = self._skip_prefix_transitions(e)
+        if r is not None:
+            self._trans[e] = r
+            return r
         r = []
         for m in self.byte_classes(e):
             t = self.deriv(e, _lowbit(m))
@@ -331,6 +335,33 @@ class ExprSet:
                 r.append((m, t))
         self._trans[e] = r
         return r
+
+    def _skip_prefix_transitions(self, e: int):
+        """Transitions of ``c y`` and of ``c{0,h} y`` for a byte set ``c`` without derivatives
+        (None: not of that shape). ``c y`` moves on ``c`` to ``y``. For ``c{0,h} y`` where no byte
+        of ``c`` can start ``y`` (the leading whitespace of JSON and GBNF lexemes), ``c`` moves to
+        ``c{0,h-1} y`` and every other byte as in ``y``, so the memoised transitions of ``y`` serve
+        every count ``h`` instead of deriving each counted variant afresh."""
+        if self.kind[e] != CONCAT:
+            return None
+        head, y = self.args[e]
+        if self.kind[head] == BYTES:
+            # a byte set then ``y``: one move (literals such as keys are chains of these)
+            return [(self.args[head][0], y)] if self.alive(y) else []
+        if self.kind[head] != REPEAT:
+            return None
+        x, lo, hi = self.args[head]
+        if lo != 0 or self.kind[x] != BYTES:
+            return None
+        m = self.args[x][0]
+        ty = self.transitions(y)
+        for my, _ in ty:
+            if my & m:
+                return None
+        if not self.alive(y):
+            return []
+        nxt = e if hi == INF else self._concat2(self.repeat(x, 0, hi - 1), y)
+        return [(m, nxt)] + ty
 
     def alive(self, e: int) -> bool:
         """True iff the language of ``e`` is non-empty (exact)."""
