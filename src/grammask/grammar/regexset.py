@@ -433,11 +433,15 @@ class ExprSet:
         return None
 
     def _repeat_covers(self, s: int, u: int) -> bool:
-        """A sufficient structural test for :meth:`prefixes_contain`: ``s`` is ``C{a,b}`` and some
+        """A sufficient structural test for :meth:`prefixes_contain`: ``s`` is ``C{a,b}`` (or
+        ``C{a,} t`` with ``t`` within the prefixes of ``X`` words) and some
         alternative of ``u`` is ``X{lo,hi} rest`` with ``L(C)`` within ``L(X)``, ``b <= hi`` and
         ``X``, ``rest`` non-empty: then every ``w`` in ``C^k`` (``k <= b``) is in ``X^k``, which
         extends to a word of ``u``. This is the common case of a slice against a string
         lexeme deep in a counted body (``maxLength``)."""
+        tail = EPS
+        if self.kind[s] == CONCAT:
+            s, tail = self.args[s]   # ``C{a,b} t``: then ``t`` must also be a prefix of an ``X`` word
         if self.kind[s] != REPEAT:
             return False
         c, _a, b = self.args[s]
@@ -446,6 +450,16 @@ class ExprSet:
                 first, rest = self.args[m]
             else:
                 first, rest = m, EPS
+            if self.kind[first] == AND and len(self.args[first]) == 2:
+                # ``X{lo,} & ~B`` with ``B`` finite (a key other than the declared ones): every
+                # prefix of an ``X{lo,}`` word has infinitely many completions, finitely many of
+                # them in ``B``, so its prefixes are those of ``X{lo,}``
+                p_, n_ = self.args[first]
+                if self.kind[p_] == NOT:
+                    p_, n_ = n_, p_
+                if (self.kind[n_] == NOT and self.kind[p_] == REPEAT and self.args[p_][2] == INF
+                        and not self.may_be_infinite(self.args[n_][0])):
+                    first = p_
             if self.kind[first] != REPEAT:
                 continue
             x, _lo, hi = self.args[first]
@@ -457,7 +471,7 @@ class ExprSet:
             sub = self._subset_cache.get(key)
             if sub is None:
                 sub = self._subset_cache[key] = not self.alive(self.intersect(c, self.complement(x)))
-            if sub:
+            if sub and (tail == EPS or (b == INF and self.prefixes_contain(tail, x))):
                 return True
         return False
 
