@@ -294,10 +294,12 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
         for _ in range(MAX_LOWER_ROUNDS):
             if not inline_regular():
                 break
+        split_nullable_terminals()
+        prune()
     else:
         prune()
-    split_nullable_terminals()
-    prune()
+        # the optional rules it adds are productive and reachable: no second prune needed
+        split_nullable_terminals()
 
     if check_lexemes:
         _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable_terminals, prune)
@@ -612,10 +614,9 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
             sym.append(SYM_END)
             end_lhs.append(new_nt)
         hi.append(len(prod_start))
-    nullable = _nullable_nts({remap[nt]: [[remap[s] if s >= 0 else s for s in a] for a in rules[nt]] for nt in nts})
     nul = np.zeros(start + 1, dtype=np.uint8)
-    for n in nullable:
-        nul[n] = 1
+    for n in _nullable_nts(rules):
+        nul[remap[n]] = 1
     nul[start] = nul[remap[root_id]]
     accept_pos = len(sym) - 1
     i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
