@@ -275,6 +275,10 @@ def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
         per_split[sp][0] += ok
         per_split[sp][1] += 1
     s["per_split"] = dict(per_split)
+    # per schema: did it compile and run, and its (valid, accepted) outcomes, to compare engines
+    # on the schemas they all handle
+    s["ran"] = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash") for r in results]
+    s["outcomes"] = [r["tests"] for r in results]
     return s
 
 
@@ -291,6 +295,19 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
              s["compile_errors"], s["timeouts"], s["crashes"], s["valid_rejected"], s["invalid_accepted"],
              s["tests"]] for s in summaries]
     lines += ["### Correctness", "", md_table(head, rows), ""]
+    if len(summaries) > 1:
+        common = [all(s["ran"][i] for s in summaries) for i in range(n_schemas)]
+        rows = []
+        for s in summaries:
+            outs = [o for i, o in enumerate(s["outcomes"]) if common[i]]
+            rows.append([s["engine"], sum(common),
+                         sum(all(v == a for v, a in o) for o in outs),
+                         sum(1 for o in outs for v, a in o if v and not a),
+                         sum(1 for o in outs for v, a in o if not v and a),
+                         sum(len(o) for o in outs)])
+        lines += ["Like for like: the schemas that every engine compiled and ran (no compile error, "
+                  "timeout or crash):", "",
+                  md_table(["engine", "schemas", "passing", "valid rejected", "invalid accepted", "tests"], rows), ""]
     qs = [25, 50, 75, 90, 95, 99, 99.9]
     head = ["engine", "masks", "avg"] + [f"p{q:g}" for q in qs] + ["max"]
     rows = []
