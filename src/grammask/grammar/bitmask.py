@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+from numba import njit
 
 from ..errors import MatcherError
 
@@ -90,12 +91,54 @@ def apply_token_bitmask_inplace(logits, bitmask, *, vocab_size: int | None = Non
     _apply_torch(logits, bitmask, vocab_size, indices)
 
 
+@njit(nogil=True, cache=True)
+def _apply_rows(logits, bitmask, rows, masks, n):
+    """``logits[rows[k], t] = -inf`` for every token ``t < n`` whose bit is clear in
+    ``bitmask[masks[k]]`` and for every ``t >= n``. Words with all bits set are skipped."""
+    V = logits.shape[1]
+    W = bitmask.shape[1]
+    neg = -np.inf
+    for k in range(rows.shape[0]):
+        r = rows[k]
+        mrow = masks[k]
+        for w in range(W):
+            word = bitmask[mrow, w]
+            if word == -1:
+                continue
+            base = w * 32
+            if base >= n:
+                break
+            top = min(32, n - base)
+            if word == 0:
+                logits[r, base:base + top] = neg
+                continue
+            for b in range(top):
+                if not (word >> b) & 1:
+                    logits[r, base + b] = neg
+        if n < V:
+            logits[r, n:] = neg
+
+
+def _apply_fast(lg: np.ndarray, bm: np.ndarray, vocab_size, indices) -> None:
+    """The Numba path for float32/float64 2-D arrays (numpy, or CPU torch tensors viewed as numpy)."""
+    V = lg.shape[1] if vocab_size is None else min(vocab_size, lg.shape[1])
+    n = min(V, bm.shape[1] * 32)
+    if indices is None:
+        rows = np.arange(min(bm.shape[0], lg.shape[0]), dtype=np.int64)
+    else:
+        rows = np.asarray(list(indices), dtype=np.int64)
+    _apply_rows(lg, bm, rows, rows, n)
+
+
 def _apply_numpy(logits: np.ndarray, bitmask: np.ndarray, vocab_size, indices) -> None:
     if bitmask.dtype != np.int32:
         raise MatcherError("bitmask must be int32")
     squeeze = logits.ndim == 1
     lg = logits[None, :] if squeeze else logits
     bm = bitmask[None, :] if bitmask.ndim == 1 else bitmask
+    if lg.dtype in (np.float32, np.float64) and lg.flags.c_contiguous:
+        _apply_fast(lg, np.ascontiguousarray(bm), vocab_size, indices)
+        return
     V = lg.shape[1] if vocab_size is None else min(vocab_size, lg.shape[1])
     rows = range(bm.shape[0]) if indices is None else indices
     for r in rows:
@@ -117,6 +160,11 @@ def _apply_torch(logits, bitmask, vocab_size, indices) -> None:
     squeeze = logits.dim() == 1
     lg = logits.unsqueeze(0) if squeeze else logits
     bm = bitmask.unsqueeze(0) if bitmask.dim() == 1 else bitmask
+    if (lg.device.type == "cpu" and lg.dtype in (torch.float32, torch.float64) and lg.is_contiguous()
+            and not lg.requires_grad and bm.device.type == "cpu"):
+        # a view of the same memory: the Numba kernel writes the tensor in place
+        _apply_fast(lg.numpy(), np.ascontiguousarray(bm.numpy()), vocab_size, indices)
+        return
     bm = bm.to(lg.device, non_blocking=True)
     V = lg.shape[1] if vocab_size is None else min(vocab_size, lg.shape[1])
     bits = torch.arange(32, device=lg.device, dtype=torch.int32)

@@ -23,7 +23,11 @@ The compiler works in two stages.
 Semantics and choices
     * JSON Schema semantics by default: ``additionalProperties`` defaults to any value (the key of
       an additional property must differ from every declared name: the key lexeme is intersected
-      with the complement of every JSON spelling of those names), optional properties optional.
+      with the complement of those names), optional properties optional. Keys are spelled the
+      way ``json.dumps`` spells them: raw printable ASCII, the short escapes, ``\\uXXXX`` (or raw
+      UTF-8) for control and non-ASCII characters; a key spelled with ``\\uXXXX`` for a
+      printable ASCII character is not generated (so no spelling of a declared name can pass
+      as an additional key).
       ``strict=True`` (OpenAI structured outputs): in every schema with ``properties``, every
       declared property is required and ``additionalProperties`` defaults to false.
     * Object members: declared properties appear in ``properties`` order (required ones must
