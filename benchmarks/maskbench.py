@@ -11,7 +11,10 @@ grammar must be able to stop there); an invalid one must be rejected somewhere.
 TTFM (time to first mask) = compile + the first mask. TBM (time between masks) = one later mask
 plus the commit of its token. Each engine runs in its own worker process; every schema has a time
 limit covering its compile and all its masks, and a crash or hang of one schema is recorded and
-the worker restarted, so the run always finishes.
+the worker restarted, so the run always finishes. "compile errors": the engine refused the schema
+(an exception from compile or the first mask); "mask errors": an exception from a later mask or
+commit (e.g. grammask's typed ``GrammarTooComplexError`` when a lazily built automaton outgrows its
+bound); "crashes": the worker process died. Each of these fails the schema.
 """
 from __future__ import annotations
 
@@ -156,6 +159,14 @@ def run_schema(engine, schema, tests) -> dict:
         out["compile_error"] = f"{type(e).__name__}: {str(e)[:200]}"
         return out
     out["ttfm_us"] = (time.perf_counter() - t0) * 1e6
+    try:
+        _run_tests(engine, compiled, first, tests, out)
+    except Exception as e:  # noqa: BLE001 - an engine error while masking fails the schema
+        out["mask_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    return out
+
+
+def _run_tests(engine, compiled, first, tests, out) -> None:
     for k, (valid, tokens) in enumerate(tests):
         m = first if k == 0 else engine.matcher(compiled)
         accepted = True
@@ -172,7 +183,6 @@ def run_schema(engine, schema, tests) -> dict:
         if accepted:
             accepted = engine.can_stop(m)
         out["tests"].append((valid, accepted))
-    return out
 
 
 def worker(name: str, tok_path: str, conn) -> None:
@@ -264,11 +274,12 @@ def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
     s["compile_errors"] = sum(1 for r in results if r["compile_error"])
     s["timeouts"] = sum(1 for r in results if r.get("timeout"))
     s["crashes"] = sum(1 for r in results if r.get("crash"))
+    s["mask_errors"] = sum(1 for r in results if r.get("mask_error"))
     s["valid_rejected"] = sum(1 for r in results for v, a in r["tests"] if v and not a)
     s["invalid_accepted"] = sum(1 for r in results for v, a in r["tests"] if not v and a)
     s["tests"] = sum(len(r["tests"]) for r in results)
     passing = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash")
-               and all(v == a for v, a in r["tests"]) for r in results]
+               and not r.get("mask_error") and all(v == a for v, a in r["tests"]) for r in results]
     s["passing"] = sum(passing)
     per_split = defaultdict(lambda: [0, 0])
     for sp, ok in zip(splits, passing):
@@ -277,7 +288,8 @@ def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
     s["per_split"] = dict(per_split)
     # per schema: did it compile and run, and its (valid, accepted) outcomes, to compare engines
     # on the schemas they all handle
-    s["ran"] = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash") for r in results]
+    s["ran"] = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash")
+                and not r.get("mask_error") for r in results]
     s["outcomes"] = [r["tests"] for r in results]
     return s
 
@@ -289,11 +301,11 @@ def pct(vals, q):
 def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
     lines = [f"{n_schemas} schemas (every {args.every}th of {args.data}), tokenizer Llama-3, "
              f"timeout {args.timeout:g} s per schema; {machine_line()}; run took {elapsed:.0f} s.", ""]
-    head = ["engine", "passing", "compile errors", "timeouts", "crashes", "valid rejected",
+    head = ["engine", "passing", "compile errors", "mask errors", "timeouts", "crashes", "valid rejected",
             "invalid accepted", "tests"]
     rows = [[s["engine"], f"{s['passing']} ({100 * s['passing'] / max(1, s['schemas']):.1f}%)",
-             s["compile_errors"], s["timeouts"], s["crashes"], s["valid_rejected"], s["invalid_accepted"],
-             s["tests"]] for s in summaries]
+             s["compile_errors"], s["mask_errors"], s["timeouts"], s["crashes"], s["valid_rejected"],
+             s["invalid_accepted"], s["tests"]] for s in summaries]
     lines += ["### Correctness", "", md_table(head, rows), ""]
     if len(summaries) > 1:
         common = [all(s["ran"][i] for s in summaries) for i in range(n_schemas)]
@@ -306,7 +318,7 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
                          sum(1 for o in outs for v, a in o if not v and a),
                          sum(len(o) for o in outs)])
         lines += ["Like for like: the schemas that every engine compiled and ran (no compile error, "
-                  "timeout or crash):", "",
+                  "mask error, timeout or crash):", "",
                   md_table(["engine", "schemas", "passing", "valid rejected", "invalid accepted", "tests"], rows), ""]
     qs = [25, 50, 75, 90, 95, 99, 99.9]
     head = ["engine", "masks", "avg"] + [f"p{q:g}" for q in qs] + ["max"]
@@ -406,7 +418,8 @@ def main(argv=None) -> None:
                 print(f"  {name}: {k + 1}/{len(tasks)} schemas, {time.time() - t0:.0f} s", file=sys.stderr)
         w.close()
         s = summarize(name, results, [t[1] for t in tasks])
-        s["failures"] = [(t[0], r.get("compile_error") or ("timeout" if r.get("timeout") else "crash" if r.get("crash") else None))
+        s["failures"] = [(t[0], r.get("compile_error") or r.get("mask_error")
+                          or ("timeout" if r.get("timeout") else "crash" if r.get("crash") else None))
                          for t, r in zip(tasks, results)]
         summaries.append(s)
         print(f"{name}: passing {s['passing']}/{s['schemas']}, invalid accepted {s['invalid_accepted']}, "

@@ -22,7 +22,7 @@ class CompiledGrammar:
         t0 = time.perf_counter()
         self.tokenizer_info = tokenizer_info
         self.kind = kind
-        self.source = source
+        self._source = source
         self.exprs = grammar.exprs
         self.flat: FlatGrammar = lower(grammar, root, check_lexemes=check_lexemes)
         f = self.flat
@@ -37,6 +37,13 @@ class CompiledGrammar:
         self._forest = None
         self._slicer = None
         self.compile_time_s = time.perf_counter() - t0
+
+    @property
+    def source(self) -> str:
+        """The grammar's source text (EBNF, regex, or the schema's canonical JSON text)."""
+        if callable(self._source):
+            self._source = self._source()
+        return self._source
 
     @property
     def forest(self):

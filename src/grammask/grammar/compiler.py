@@ -136,7 +136,9 @@ class GrammarCompiler:
         if any_whitespace is False:
             whitespace = "compact"
         schema_obj = normalize_schema_input(schema)
-        text = canonical_schema_text(schema_obj)
+        # the canonical text is the cache key (and the grammar's ``source``, computed on demand
+        # when there is no cache: for big schemas it costs about as much as a compile step)
+        text = canonical_schema_text(schema_obj) if self.cache_enabled else None
         opts = (whitespace, max_whitespace, strict, lenient, indent)
 
         def build():
@@ -145,6 +147,6 @@ class GrammarCompiler:
                 g = json_schema_grammar(schema_obj, whitespace=whitespace, max_whitespace=max_whitespace,
                                         strict=strict, lenient=lenient, indent=indent, exprs=ex)
                 return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False, kind="json_schema",
-                                       source=text)
+                                       source=text if text is not None else (lambda: canonical_schema_text(schema_obj)))
 
         return self._cached(("json_schema", text, opts), build)
