@@ -32,6 +32,7 @@ class CompiledGrammar:
         # the initial row is the same for every matcher: build it once and warm the lexer up
         stack = ParseStack(f)
         self._initial_row(stack)
+        self._template = stack   # every matcher starts from a copy (never written to)
         self.initial_state = int(stack.row_ls[0])
         self.lexer.warm_up(self.initial_state, budget=64)
         self._forest = None
@@ -112,9 +113,7 @@ class CompiledGrammar:
         raise GrammarError("internal error: initial parser row did not settle")
 
     def new_stack(self) -> ParseStack:
-        stack = ParseStack(self.flat)
-        self._initial_row(stack)
-        return stack
+        return self._template.copy()
 
     @property
     def memory_size_bytes(self) -> int:

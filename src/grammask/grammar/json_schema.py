@@ -80,6 +80,7 @@ import json
 import warnings
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from functools import lru_cache
 from urllib.parse import unquote, urldefrag, urljoin
 
 from ..errors import (
@@ -97,6 +98,13 @@ from .json_numeric import number_regex, range_is_empty, to_fraction
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, NOT, OR, REPEAT, ExprSet
 
 __all__ = ["json_schema_grammar", "normalize_schema_input"]
+
+
+@lru_cache(maxsize=4096)
+def _urldefrag(url: str) -> tuple[str, str]:
+    """``urldefrag`` (slow in CPython) for the few base URIs a schema has."""
+    r = urldefrag(url)
+    return r[0], r[1]
 
 MAX_UNION = 2000            # options of one union (after distributing intersections)
 MAX_UNROLL = 10_000         # minItems/maxItems/minProperties... unrolled into rules
@@ -704,12 +712,11 @@ class _Compiler:
         if not isinstance(s, dict):
             return
         base = self._own_base(s, parent)
-        url = urldefrag(base)[0]
+        url, frag = _urldefrag(base)
         if top:
-            self.resources.setdefault(urldefrag(self.base0)[0], (s, parent))
+            self.resources.setdefault(_urldefrag(self.base0)[0], (s, parent))
         if base != parent or top:
             self.resources.setdefault(url, (s, parent))
-            frag = urldefrag(base)[1]
             if frag and not frag.startswith("/"):
                 self.anchors.setdefault(url + "#" + frag, (s, parent))
         sid = s.get("$id") if self.draft > 4 else s.get("id")

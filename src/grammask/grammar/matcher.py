@@ -46,7 +46,7 @@ class GrammarMatcher:
         self._h_st = np.zeros(depth, np.int32)
         self._out = np.zeros(2, np.int32)
         self._ok = np.zeros(256, np.uint8)
-        self._found = np.zeros(compiled.forest.trie.n_tokens + 1, np.int32)
+        self._found = np.empty(compiled.forest.trie.n_tokens + 1, np.int32)  # written before read
         self._stop_arr = np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32)
         self._special = np.zeros(0, np.int64)
         self.reset()
