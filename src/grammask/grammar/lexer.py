@@ -64,6 +64,10 @@ def _moves(exprs: ExprSet, key: tuple[int, ...]):
     return cls, targets
 
 
+def _second(pair):
+    return pair[1]
+
+
 def _mask_bytes(m: int) -> np.ndarray:
     """The bytes of a 256-bit mask as an index array (cached)."""
     r = _MASK_BYTES.get(m)
@@ -195,23 +199,30 @@ class Lexer:
         # the moves depend only on the members' expressions: they are computed once per ExprSet
         # (shared by every grammar compiled on it) in a lexeme-independent form, so the many
         # grammars that share JSON's lexemes (strings, numbers, punctuation) reuse them
-        order = sorted(range(len(members)), key=lambda i: members[i][1])
-        key = tuple(members[i][1] for i in order)
+        if len(members) == 1:
+            lx0, e0 = members[0]
+            key = (e0,)
+            lxs = (lx0,)
+        else:
+            srt = sorted(members, key=_second)
+            key = tuple([e for _, e in srt])
+            lxs = [lx for lx, _ in srt]
         cache = self._moves_cache
         moves = cache.get(key)
         if moves is None:
             moves = cache[key] = _moves(self.exprs, key)
         cls, targets = moves
-        ids = np.empty(len(targets) + 1, dtype=np.int32)
-        ids[-1] = DEAD
+        ids = [0] * len(targets) + [DEAD]
         new = []
+        ids_get = self._state_ids.get
         for k, tgt in enumerate(targets):
-            before = len(self._states)
-            t = self._intern(tuple(sorted((members[order[j]][0], e) for j, e in tgt)))
-            if t >= before:
+            m = tuple(sorted([(lxs[j], e) for j, e in tgt])) if len(tgt) > 1 else ((lxs[tgt[0][0]], tgt[0][1]),)
+            t = ids_get(m)
+            if t is None:
+                t = self._intern(m)
                 new.append(t)
             ids[k] = t
-        self.trans[s * 256:(s + 1) * 256] = ids[cls]
+        self.trans[s * 256:(s + 1) * 256] = np.array(ids, dtype=np.int32)[cls]
         self.expanded[s] = True
         return new
 
@@ -219,8 +230,9 @@ class Lexer:
     def start_state(self, allowed: list[int] | tuple[int, ...]) -> int:
         """The start state for a sorted list of allowed lexemes (registered in the hash table)."""
         with self.lock:
-            allowed = sorted(set(int(x) for x in allowed))
-            members = tuple((lx, self.lexemes[lx]) for lx in allowed)
+            allowed = sorted(set(allowed))
+            lexemes = self.lexemes
+            members = tuple([(lx, lexemes[lx]) for lx in allowed])
             s = self._intern(members)
             arr = np.array(allowed, dtype=np.int32)
             key = int(lexeme_set_hash(arr, len(allowed)))
