@@ -636,3 +636,15 @@ def test_masks_equal_reference(idx):
             t = rng.choices(cands, weights)[0]
             assert m.accept_token(t)
             sets = rec.step(sets, t)
+
+
+def test_uncached_compiler_gives_the_same_grammar_and_source():
+    """Without a cache the canonical text is not needed up front; ``source`` still gives it."""
+    schema = {"type": "object", "properties": {"b": {"type": "integer"}, "a": {"type": "string"}},
+              "required": ["b"]}
+    plain = GrammarCompiler(INFO, cache_size=0).compile_json_schema(schema)
+    cached = GC.compile_json_schema(schema)
+    assert plain.source == cached.source == '{"properties":{"b":{"type":"integer"},"a":{"type":"string"}},' \
+                                            '"required":["b"],"type":"object"}'
+    for text in ('{"b": 1, "a": "x"}', '{"b": 1}', '{"a": "x", "b": 1}', '{"b": "1"}'):
+        assert accepts(plain, text) == accepts(cached, text) == (text in ('{"b": 1, "a": "x"}', '{"b": 1}'))
