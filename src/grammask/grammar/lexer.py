@@ -29,6 +29,8 @@ DEAD = -1
 UNKNOWN = -2
 ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
+#: state moves kept per ExprSet (shared by its grammars) before the cache starts over
+MAX_CACHED_MOVES = 50_000
 
 
 def _moves(exprs: ExprSet, key: tuple[int, ...]):
@@ -210,6 +212,8 @@ class Lexer:
         cache = self._moves_cache
         moves = cache.get(key)
         if moves is None:
+            if len(cache) >= MAX_CACHED_MOVES:   # about 1.3 KB each: bound the memory it holds
+                cache.clear()
             moves = cache[key] = _moves(self.exprs, key)
         cls, targets = moves
         ids = [0] * len(targets) + [DEAD]
