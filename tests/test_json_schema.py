@@ -648,3 +648,20 @@ def test_uncached_compiler_gives_the_same_grammar_and_source():
                                             '"required":["b"],"type":"object"}'
     for text in ('{"b": 1, "a": "x"}', '{"b": 1}', '{"a": "x", "b": 1}', '{"b": "1"}'):
         assert accepts(plain, text) == accepts(cached, text) == (text in ('{"b": 1, "a": "x"}', '{"b": 1}'))
+
+
+def test_property_order_any():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                                               "c": {"type": "boolean"}}, "required": ["a", "c"]}
+    ordered = compile_schema(schema)
+    anyorder = compile_schema(schema, property_order="any")
+    docs = ['{"a": 1, "b": "x", "c": true}', '{"c": true, "a": 1}', '{"b": "x", "c": false, "a": 2}',
+            '{"c": true, "b": "x", "a": 1}', '{"a": 1, "c": true, "a": 2}', '{"b": "x", "c": true}',
+            '{"a": 1, "c": true, "d": null}', '{"d": null, "c": true, "a": 1}']
+    for d in docs:
+        # any order: exactly the valid documents (duplicates are not generated)
+        valid = is_valid(schema, json.loads(d)) and d.count('"a"') == 1
+        assert accepts(anyorder, d) == valid, d
+    assert accepts(ordered, docs[0]) and not accepts(ordered, docs[1]) and not accepts(ordered, docs[2])
+    with pytest.raises(ValueError):
+        compile_schema(schema, property_order="sorted")

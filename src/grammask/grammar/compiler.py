@@ -127,25 +127,34 @@ class GrammarCompiler:
     def compile_json_schema(self, schema, *, whitespace: str = "flexible",
                             max_whitespace: int = DEFAULT_MAX_WHITESPACE, strict: bool = False,
                             lenient: bool = False, indent: int | None = None,
-                            any_whitespace: bool | None = None) -> CompiledGrammar:
+                            any_whitespace: bool | None = None,
+                            property_order: str = "definition") -> CompiledGrammar:
         """A JSON Schema (dict, JSON text, or pydantic model class).
 
+        ``property_order``: ``"definition"`` (default, as llguidance and xgrammar): declared
+        properties appear in ``properties`` order; ``"any"``: objects with at most 10 declared
+        properties accept them in any order (JSON Schema's own semantics; the grammar tracks
+        which are present), larger ones keep the definition order.
         ``any_whitespace`` is accepted for xgrammar compatibility (False means compact)."""
         from .json_schema import canonical_schema_text, json_schema_grammar, normalize_schema_input
 
+        if property_order not in ("definition", "any"):
+            raise ValueError(f"property_order must be 'definition' or 'any', not {property_order!r}")
+        unordered = 10 if property_order == "any" else 0
         if any_whitespace is False:
             whitespace = "compact"
         schema_obj = normalize_schema_input(schema)
         # the canonical text is the cache key (and the grammar's ``source``, computed on demand
         # when there is no cache: for big schemas it costs about as much as a compile step)
         text = canonical_schema_text(schema_obj) if self.cache_enabled else None
-        opts = (whitespace, max_whitespace, strict, lenient, indent)
+        opts = (whitespace, max_whitespace, strict, lenient, indent, unordered)
 
         def build():
             ex = self._shared_exprs()
             with ex.lock:
                 g = json_schema_grammar(schema_obj, whitespace=whitespace, max_whitespace=max_whitespace,
-                                        strict=strict, lenient=lenient, indent=indent, exprs=ex)
+                                        strict=strict, lenient=lenient, indent=indent,
+                                        unordered_properties=unordered, exprs=ex)
                 return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False, kind="json_schema",
                                        source=text if text is not None else (lambda: canonical_schema_text(schema_obj)))
 

@@ -31,7 +31,9 @@ Semantics and choices
       ``strict=True`` (OpenAI structured outputs): in every schema with ``properties``, every
       declared property is required and ``additionalProperties`` defaults to false.
     * Object members: declared properties appear in ``properties`` order (required ones must
-      appear); additional/pattern properties may be interleaved anywhere. ``allOf`` (and ``$ref``
+      appear); additional/pattern properties may be interleaved anywhere. With
+      ``compile_json_schema(..., property_order="any")`` objects of at most 10 declared
+      properties accept them in any order. ``allOf`` (and ``$ref``
       siblings) merge properties in first-appearance order: the schema's own ``properties``, then
       its ``$ref`` target, then ``allOf`` branches in order; then required-but-undeclared names.
     * Integers are generated without fraction or exponent (``1``, not ``1.0``/``1e0``); bounded
