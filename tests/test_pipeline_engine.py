@@ -297,30 +297,45 @@ async def test_compile_overlaps_prefill():
 
 
 async def test_mask_fill_overlaps_forward():
-    mask_started = threading.Event()
+    """The step's mask fill and its forward run at the same time: each waits (bounded) inside its
+    worker thread until the other has started, so they can only both finish quickly if the engine
+    runs them concurrently; then their recorded spans overlap."""
+    mask_started, forward_started = threading.Event(), threading.Event()
     eng, b = await make(PERSON)
     real_fill = eng._fill_masks
 
     def fill(matchers, bitmask):
         mask_started.set()
+        forward_started.wait(5)
         return real_fill(matchers, bitmask)
 
     def on_forward(prefill):
-        if not prefill:  # each decode forward waits (bounded) until its step's mask fill started
+        if not prefill:
+            forward_started.set()
             mask_started.wait(5)
-            mask_started.clear()
+
+    def reset_events():
+        mask_started.clear()
+        forward_started.clear()
+
+    real_step = eng._step
+
+    async def step():
+        reset_events()   # arm the barrier for this step's two threads
+        await real_step()
 
     eng._fill_masks = fill
+    eng._step = step
     b.on_forward = on_forward
     await eng.chat.completions.create(messages=MSG, temperature=0, response_format={"type": "json_object"},
                                       fast_forward=False)
-    fwd = [t for t in eng.trace if t["kind"] == "forward" and not t["prefill_ids"]]
-    masks = [t for t in eng.trace if t["kind"] == "mask"]
-    assert fwd and masks
-    for f in fwd:
-        # the mask fill of the same step (started together with it)
-        m = min(masks, key=lambda m: abs(m["start"] - f["start"]))
-        assert m["start"] < f["end"] and f["start"] < m["end"]
+    fwd = {t["step"]: t for t in eng.trace if t["kind"] == "forward" and not t["prefill_ids"]}
+    masks = {t["step"]: t for t in eng.trace if t["kind"] == "mask"}
+    both = sorted(set(fwd) & set(masks))
+    assert len(both) >= 5
+    for k in both:
+        f, m = fwd[k], masks[k]
+        assert m["start"] < f["end"] and f["start"] < m["end"], (k, f, m)
     await eng.aclose()
 
 

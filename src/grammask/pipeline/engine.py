@@ -161,6 +161,7 @@ class AsyncEngine:
         self._closed = False
         self._changed = anyio.Event()
         self._rr = 0
+        self._step_no = 0   # decode steps taken (trace entries of one step share it)
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
                                         thread_name_prefix="grammask-masks") if parallel_masks else None
         self._compile_fn: Callable[[GrammarSpec, GrammarCompiler], Any] = compile_spec
@@ -384,6 +385,8 @@ class AsyncEngine:
                 if c.finish_reason is None and (c.pending or (c.logits is not None and c.ready))]
         if not work:
             return
+        self._step_no += 1
+        step = self._step_no
         if len(work) > self.max_batch:
             k = self._rr % len(work)
             work = (work[k:] + work[:k])[: self.max_batch]
@@ -414,7 +417,7 @@ class AsyncEngine:
 
         if fwd:
             t0, t1 = out["forward_span"]
-            self._trace("forward", t0, t1, request_ids=sorted({c.request.id for c in fwd}),
+            self._trace("forward", t0, t1, step=step, request_ids=sorted({c.request.id for c in fwd}),
                         n_seqs=len(fwd), n_tokens=sum(len(t) for t in tokens),
                         prefill_ids=sorted({c.request.id for c in fwd if not c.prefilled}))
             err = out.get("forward_error")
@@ -439,7 +442,8 @@ class AsyncEngine:
         rows: list[int] = []
         if masked:
             times, errors, m0, m1 = out["masks"]
-            self._trace("mask", m0, m1, n_rows=len(masked), request_ids=sorted({c.request.id for c in masked}))
+            self._trace("mask", m0, m1, step=step, n_rows=len(masked),
+                        request_ids=sorted({c.request.id for c in masked}))
             for j, c in enumerate(masked):
                 c.request.mask_s += times[j]
                 c.request.grammar_s += times[j]
@@ -454,7 +458,7 @@ class AsyncEngine:
         row_of = {id(c): j for j, c in enumerate(masked)}
         t0 = time.perf_counter()
         await anyio.to_thread.run_sync(self._sample_all, samp, bitmask, row_of)
-        self._trace("sample", t0, time.perf_counter(), n_rows=len(samp))
+        self._trace("sample", t0, time.perf_counter(), step=step, n_rows=len(samp))
 
     def _fill_masks(self, matchers: list[GrammarMatcher], bitmask: np.ndarray):
         n = len(matchers)
