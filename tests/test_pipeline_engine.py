@@ -297,31 +297,31 @@ async def test_compile_overlaps_prefill():
 
 
 async def test_mask_fill_overlaps_forward():
-    """The step's mask fill and its forward run at the same time: each waits (bounded) inside its
-    worker thread until the other has started, so they can only both finish quickly if the engine
-    runs them concurrently; then their recorded spans overlap."""
+    """The step's mask fill and its forward run at the same time: each worker thread, once
+    started, waits (bounded) until the other one has started too. Run one after the other, the
+    first would wait out its bound and record a miss."""
     mask_started, forward_started = threading.Event(), threading.Event()
     eng, b = await make(PERSON)
     real_fill = eng._fill_masks
+    met_forward: dict[int, bool] = {}   # per step: the mask thread saw the forward start
+    met_mask: list[bool] = []      # per decode step: the forward thread saw the mask start
 
     def fill(matchers, bitmask):
         mask_started.set()
-        forward_started.wait(5)
+        step_no = eng._step_no   # set before the step starts its threads
+        met_forward[step_no] = forward_started.wait(5)
         return real_fill(matchers, bitmask)
 
     def on_forward(prefill):
-        if not prefill:
-            forward_started.set()
-            mask_started.wait(5)
-
-    def reset_events():
-        mask_started.clear()
-        forward_started.clear()
+        forward_started.set()
+        if not prefill:   # a prefill step may have no mask to wait for
+            met_mask.append(mask_started.wait(5))
 
     real_step = eng._step
 
     async def step():
-        reset_events()   # arm the barrier for this step's two threads
+        mask_started.clear()   # arm the barrier for this step's two threads
+        forward_started.clear()
         await real_step()
 
     eng._fill_masks = fill
@@ -329,13 +329,11 @@ async def test_mask_fill_overlaps_forward():
     b.on_forward = on_forward
     await eng.chat.completions.create(messages=MSG, temperature=0, response_format={"type": "json_object"},
                                       fast_forward=False)
-    fwd = {t["step"]: t for t in eng.trace if t["kind"] == "forward" and not t["prefill_ids"]}
-    masks = {t["step"]: t for t in eng.trace if t["kind"] == "mask"}
-    both = sorted(set(fwd) & set(masks))
-    assert len(both) >= 5
-    for k in both:
-        f, m = fwd[k], masks[k]
-        assert m["start"] < f["end"] and f["start"] < m["end"], (k, f, m)
+    fwd = {t["step"] for t in eng.trace if t["kind"] == "forward" and not t["prefill_ids"]}
+    masks = {t["step"] for t in eng.trace if t["kind"] == "mask"}
+    assert len(fwd) >= 5 and fwd <= masks   # every decode forward had its step's mask fill
+    assert len(met_mask) == len(fwd) and all(met_mask), met_mask
+    assert all(met_forward[k] for k in fwd), met_forward
     await eng.aclose()
 
 
