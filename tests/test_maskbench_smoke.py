@@ -35,7 +35,7 @@ def test_maskbench_smoke():
     assert len(splits) >= 15, splits
     passing, invalid_accepted, failures = 0, [], []
     for sid, _split, schema, tests in schemas:
-        toks = [(bool(t["valid"]), tok.encode(json.dumps(t["data"]))) for t in tests]
+        toks = [(bool(t["valid"]), tok.encode(json.dumps(t["data"])), t["data"]) for t in tests]
         res = run_schema(engine, schema, toks)
         bad = [v for v, a in res["tests"] if not v and a]
         if bad:
