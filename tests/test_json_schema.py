@@ -466,6 +466,20 @@ def test_unsupported_regex_in_pattern():
     assert ei.value.keyword == "pattern"
 
 
+def test_recursive_combination_needing_its_own_result_is_a_typed_error():
+    # oneOf [anything, S] is "not S"; S contains the same oneOf under a pattern property, so its
+    # complement needs the result being computed (was a KeyError from the memo).
+    schema = {"definitions": {
+        "all": {"patternProperties": {"^[a-z][a-zA-Z][a-zA-Z0-9]+$": {"$ref": "#/definitions/res"}}},
+        "res": {"oneOf": [{}, {"$ref": "#/definitions/sel"}]},
+        "sel": {"oneOf": [{"properties": {"ref": {"type": "string"}}},
+                          {"patternProperties": {"^[a-zA-Z][a-zA-Z][a-zA-Z]?(-[a-zA-Z0-9]+)?$":
+                                                 {"$ref": "#/definitions/res"}}}]}},
+        "oneOf": [{"$ref": "#/definitions/all"}]}
+    with pytest.raises(UnsupportedSchemaError, match="needs its own result"):
+        json_schema_grammar(schema)
+
+
 def test_invalid_schemas():
     for bad in [{"type": "strin"}, {"minLength": -1}, {"enum": 3}, {"properties": []}, {"$ref": "#/nope"},
                 {"type": "string", "pattern": "("}, {"minimum": "3"}]:

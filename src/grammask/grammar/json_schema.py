@@ -1151,6 +1151,19 @@ class _Compiler:
             raise GrammarTooComplexError(f"a union of {len(flat)} alternatives is too large")
         return Union(flat)
 
+    def _memo_result(self, key):
+        """The finished result a recursive reference points to. Missing when it is needed before
+        the computation it refers to has finished: recursive intersections and complements are
+        built eagerly down to their property and item values, so e.g. a oneOf whose exactness
+        needs the complement of a branch that contains the same oneOf (under a property) asks
+        for its own result; or when that computation failed."""
+        r = self.isect_memo.get(key)
+        if r is None:
+            raise UnsupportedSchemaError(
+                "a recursive schema whose allOf/oneOf/not combination (an intersection or a "
+                "complement) needs its own result while it is computed is not supported")
+        return r
+
     def isect(self, a: Node, b: Node) -> Node:
         if a is ANY or a is b:
             return b
@@ -1165,9 +1178,8 @@ class _Compiler:
         if isinstance(a, Ref) or isinstance(b, Ref):
             if key in self.isect_busy:
                 # a recursive intersection: refer to the result being built
-                lazy = Ref(f"{getattr(a, 'name', '?')}&{getattr(b, 'name', '?')}",
-                           lambda k=key: self.isect_memo[k])
-                return lazy
+                return Ref(f"{getattr(a, 'name', '?')}&{getattr(b, 'name', '?')}",
+                           lambda k=key: self._memo_result(k))
             self.isect_busy.add(key)
             self.unfold_depth += 1
             try:
@@ -1588,7 +1600,7 @@ class _Compiler:
         if r is not None:
             return r
         if key in self.isect_busy:
-            return Ref("oneOf", lambda k=key: self.isect_memo[k])
+            return Ref("oneOf", lambda k=key: self._memo_result(k))
         self.isect_busy.add(key)
         try:
             r = self._resolve_oneof(n)
