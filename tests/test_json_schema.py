@@ -462,7 +462,7 @@ def test_lenient_warns_and_ignores():
 
 def test_unsupported_regex_in_pattern():
     with pytest.raises(UnsupportedSchemaError) as ei:
-        json_schema_grammar({"type": "string", "pattern": "(?=a)b"})
+        json_schema_grammar({"type": "string", "pattern": "(a)\\1"})
     assert ei.value.keyword == "pattern"
 
 
@@ -478,6 +478,19 @@ def test_recursive_combination_needing_its_own_result_is_a_typed_error():
         "oneOf": [{"$ref": "#/definitions/all"}]}
     with pytest.raises(UnsupportedSchemaError, match="needs its own result"):
         json_schema_grammar(schema)
+
+
+def test_pattern_anchors_in_groups_and_leading_lookaheads():
+    # ECMA semantics: anchors anywhere; a lookahead at the start of an alternative
+    cg = compile_schema({"type": "string", "pattern": "(^[a-z0-9_.()-]+$)"})
+    assert accepts(cg, '"ab.c"') and not accepts(cg, '"a b"') and not accepts(cg, '""')
+    cg = compile_schema({"type": "object", "propertyNames": {"pattern": "^(?!lucene\\.|builtin\\.).*"}})
+    assert accepts(cg, '{"my.x": 1}') and accepts(cg, '{"lucene": 1}')
+    assert not accepts(cg, '{"lucene.std": 1}') and not accepts(cg, '{"builtin.x": 1}')
+    cg = compile_schema({"type": "object", "patternProperties": {"^(?!pattern$).*$": {"type": "integer"}},
+                         "additionalProperties": False})
+    assert accepts(cg, '{"patterns": 1, "x": 2}') and not accepts(cg, '{"pattern": 1}')
+    assert not accepts(cg, '{"x": "s"}')
 
 
 def test_invalid_schemas():

@@ -231,6 +231,27 @@ SEARCH_CASES: list[tuple[str, str | None]] = [
     ("^", None),
     ("$", r"\Z"),
     ("[^a]$", r"[^a]\Z"),
+    # anchors anywhere
+    ("(^a)", None),
+    ("(a$)", r"(a\Z)"),
+    ("a^b", None),
+    ("a$b", r"a\Zb"),
+    ("^$a*$", r"^\Za*\Z"),
+    ("(?:^|0)a", None),
+    ("(^a|b$)", r"(^a|b\Z)"),
+    ("(a|^)b", None),
+    ("(^a|b)*9", None),
+    ("(a$|b)*", r"(a\Z|b)*"),
+    ("(^a)+b", None),
+    ("(^|a){2}b", None),
+    ("x?(^|$)", r"x?(^|\Z)"),
+    # lookaheads at the start of a top-level alternative
+    ("^(?!ab)[ab]*$", r"^(?!ab)[ab]*\Z"),
+    ("(?!a)b", None),
+    ("(?=a)[ab]+", None),
+    ("^(?!a$|b$).*$", r"^(?!a\Z|b\Z).*\Z"),
+    ("^(?!^a|0)(?=.*b).", None),
+    ("(?!a|é)..|^9", None),
 ]
 
 
@@ -252,11 +273,31 @@ def test_parse_ignores_anchors():
     assert parse_regex("^(?:ab)$", x) == parse_regex("ab", x)
 
 
+@pytest.mark.parametrize("pattern,oracle", [
+    ("(^a|b)(c|$)", r"(^a|b)(c|\Z)"),
+    ("a$|b", r"a\Z|b"),
+    ("(?:a|^b)+", None),
+    ("(?!ab)[ab]*", None),
+    ("(?=.*0)(?!.*9)[0-9a]{0,4}", None),
+    ("a^", None),
+])
+def test_fullmatch_with_anchors_and_lookaheads(pattern, oracle):
+    x = ExprSet()
+    e = parse_regex(pattern, x)
+    oracle = oracle if oracle is not None else pattern
+    rnd = random.Random(pattern)
+    alphabet = list("ab09c")
+    for _ in range(400):
+        s = "".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 6)))
+        assert x.matches(e, s.encode()) == (regex.fullmatch(oracle, s) is not None), (pattern, s)
+
+
 # ---------------------------------------------------------------------------- errors
 
 ERRORS = [
-    ("(?=a)b", UnsupportedRegexError, 0),
     ("a(?!b)", UnsupportedRegexError, 1),
+    ("(a(?=b))", UnsupportedRegexError, 2),
+    ("(?=a)*b", UnsupportedRegexError, 0),
     ("(?<=a)b", UnsupportedRegexError, 0),
     ("x(?<!a)b", UnsupportedRegexError, 1),
     (r"(a)\1", UnsupportedRegexError, 3),
@@ -266,11 +307,8 @@ ERRORS = [
     (r"a\b", UnsupportedRegexError, 1),
     (r"\Ba", UnsupportedRegexError, 0),
     ("(?i)a", UnsupportedRegexError, 0),
-    ("a^b", UnsupportedRegexError, 1),
-    ("a$b", UnsupportedRegexError, 1),
-    ("(^a)", UnsupportedRegexError, 1),
-    ("(a$)", UnsupportedRegexError, 2),
-    ("a$*", UnsupportedRegexError, 1),
+    ("a$*", RegexSyntaxError, 2),
+    ("(^{2})", RegexSyntaxError, 2),
     (r"\p{Script=Greek}", UnsupportedRegexError, 0),
     (r"x\p{Alphabetic}", UnsupportedRegexError, 1),
     ("(a", RegexSyntaxError, 0),
@@ -318,7 +356,7 @@ def test_errors(pattern, exc, pos):
 
 
 def test_unsupported_construct_names():
-    for pattern, name in [("(?=a)", "lookahead"), ("(?<!a)", "lookbehind"), (r"(a)\1", "backreference"),
+    for pattern, name in [("b(?=a)", "lookahead"), ("(?<!a)", "lookbehind"), (r"(a)\1", "backreference"),
                           (r"\b", "word boundary")]:
         with pytest.raises(UnsupportedRegexError) as info:
             parse_regex(pattern, ExprSet())

@@ -9,10 +9,10 @@ character or character class is compiled to the exact UTF-8 byte automaton of it
 encoded strings only.
 
 Entry points
-    :func:`parse_regex`      the whole string must match (``fullmatch``); ``^``/``$`` at the ends
-                             of the top-level alternatives are accepted and ignored.
+    :func:`parse_regex`      the whole string must match (``fullmatch``); ``^``/``$`` hold at its
+                             start/end only.
     :func:`search_regex`     JSON Schema ``pattern`` semantics (ECMA ``search``): the pattern may
-                             match anywhere unless ``^``/``$`` anchor a side of an alternative.
+                             match anywhere; ``^``/``$`` hold at the start/end of the input.
     :func:`char_class_expr`  a set of code point ranges as a UTF-8 byte automaton.
     :func:`any_utf8_char`, :func:`any_utf8_string`
 
@@ -21,10 +21,18 @@ combine, ``\\p{...}``) and Annex B leniency for literal braces and brackets (``a
 ``]``, ``}``) and for ``-`` next to a class escape inside a class (``[\\w-z]``).
 ``\\d \\w \\s`` are the ECMA (ASCII / ECMA white space) sets, not Python's Unicode ones.
 
-Unsupported (raise :class:`~grammask.errors.UnsupportedRegexError`): lookahead, lookbehind,
-backreferences, word boundaries, inline flags, anchors anywhere but the ends of a top-level
-alternative, and Unicode properties other than General_Category values (which are computed
-exactly from :mod:`unicodedata`, i.e. from the Unicode version of the running Python).
+Anchors (no ``m`` flag) may stand anywhere: a sub-expression containing ``^`` or ``$`` is carried
+as four expressions, one per context "the match starts at the start of the input" x "ends at its
+end" (see :class:`_Ctx`), and concatenation, alternation and repetition combine those exactly
+(e.g. ``(^a|b$)``, ``^$x*$``, ``(?:^|,)a``). Lookaheads ``(?=X)`` / ``(?!X)`` are supported at the
+start of a top-level alternative (after an optional ``^``), where they constrain the rest of the
+input from the match start: they become an intersection with (the complement of) "X matches a
+prefix of the rest", which the derivative automaton handles like any other expression.
+
+Unsupported (raise :class:`~grammask.errors.UnsupportedRegexError`): lookaheads elsewhere,
+lookbehind, backreferences, word boundaries, inline flags, and Unicode properties other than
+General_Category values (which are computed exactly from :mod:`unicodedata`, i.e. from the
+Unicode version of the running Python).
 """
 from __future__ import annotations
 
@@ -274,6 +282,93 @@ def _char_expr(cp: int, exprs: ExprSet) -> int:
     return exprs.literal(chr(cp).encode("utf-8"))
 
 
+# ---------------------------------------------------------------------------- anchors
+
+
+class _Ctx:
+    """A sub-expression containing anchors: ``e[a][b]`` is its language when its match starts at
+    the start of the input (``a``) or not, and ends at the end of the input (``b``) or not.
+    Anchor-free sub-expressions stay plain expression ids (the same in every context)."""
+
+    __slots__ = ("e",)
+
+    def __init__(self, e):
+        self.e = e
+
+    @staticmethod
+    def of(node) -> "_Ctx":
+        return node if isinstance(node, _Ctx) else _Ctx(((node, node), (node, node)))
+
+
+def _ctx_concat(x: ExprSet, p, q):
+    """``p`` then ``q``. The split point is at the input start only if ``p`` matched nothing
+    and the whole match starts there; at the input end only if ``q`` matched nothing and the
+    whole match ends there."""
+    if not isinstance(p, _Ctx) and not isinstance(q, _Ctx):
+        return x.concat(p, q)
+    if p is _START:  # ^q: q where the match starts the input
+        Q = _Ctx.of(q).e
+        return _Ctx(((EMPTY, EMPTY), Q[1]))
+    if q is _END:    # p$: p where the match ends the input
+        P = _Ctx.of(p).e
+        return _Ctx(((EMPTY, P[0][1]), (EMPTY, P[1][1])))
+    P, Q = _Ctx.of(p).e, _Ctx.of(q).e
+
+    def eps(e):
+        return EPS if x.nullable(e) else EMPTY
+
+    out = [[EMPTY, EMPTY], [EMPTY, EMPTY]]
+    for a in (0, 1):
+        for b in (0, 1):
+            out[a][b] = x.alt(
+                x.concat(x.nonempty_part(P[a][0]), x.nonempty_part(Q[0][b])),  # both non-empty
+                x.concat(eps(P[a][0]), x.nonempty_part(Q[a][b])),             # p empty
+                x.concat(x.nonempty_part(P[a][b]), eps(Q[0][b])),             # q empty
+                x.concat(eps(P[a][b]), eps(Q[a][b])))                        # both empty
+    return _Ctx(tuple(tuple(r) for r in out))
+
+
+def _ctx_alt(x: ExprSet, nodes: list):
+    if not any(isinstance(n, _Ctx) for n in nodes):
+        return x.alt(*nodes)
+    es = [_Ctx.of(n).e for n in nodes]
+    return _Ctx(tuple(tuple(x.alt(*[e[a][b] for e in es]) for b in (0, 1)) for a in (0, 1)))
+
+
+def _ctx_star(x: ExprSet, node):
+    """``node*``: empty iterations add nothing, so only the first non-empty iteration may start
+    at the input start and only the last may end at the input end."""
+    E = node.e
+
+    def ne(a, b):
+        return x.nonempty_part(E[a][b])
+
+    mid = x.star(ne(0, 0))
+    return _Ctx(tuple(tuple(x.alt(EPS, ne(a, b), x.concat(ne(a, 0), mid, ne(0, b)))
+                            for b in (0, 1)) for a in (0, 1)))
+
+
+def _ctx_repeat(x: ExprSet, node, lo: int, hi: int | None):
+    if not isinstance(node, _Ctx):
+        return x.repeat(node, lo, hi)
+    if lo > 16 or (hi is not None and hi > 16):
+        raise GrammarTooComplexError("a counted repetition of a group containing an anchor "
+                                     "(more than 16 times) is not supported")
+    out = EPS
+    for _ in range(lo):
+        out = _ctx_concat(x, out, node)
+    if hi is None:
+        return _ctx_concat(x, out, _ctx_star(x, node))
+    opt = _ctx_alt(x, [EPS, node])
+    for _ in range(hi - lo):
+        out = _ctx_concat(x, out, opt)
+    return out
+
+
+_START = _Ctx(((EMPTY, EMPTY), (EPS, EPS)))  # ^: holds only where the match starts the input
+_END = _Ctx(((EMPTY, EPS), (EMPTY, EPS)))    # $: holds only where the match ends the input
+
+
 # ---------------------------------------------------------------------------- parser
 
 _BRACES = re.compile(r"\{([0-9]+)(?:(,)([0-9]*))?\}")
@@ -289,11 +384,14 @@ class _Parser:
     Grammar (``top`` is the whole pattern)::
 
         top         := top_alt ('|' top_alt)*
-        top_alt     := '^'? sequence '$'?          anchors allowed only here
+        top_alt     := '^'? lookahead* sequence    lookaheads allowed only here
+        lookahead   := '(?=' disjunction ')' | '(?!' disjunction ')'
         disjunction := sequence ('|' sequence)*
-        sequence    := (atom quantifier?)*
+        sequence    := ('^' | '$' | atom quantifier?)*
         quantifier  := ('*' | '+' | '?' | '{' m (',' n?)? '}') '?'?
         atom        := '(' group ')' | '[' class ']' | '.' | '\\' escape | character
+
+    A parsed node is an expression id, or a :class:`_Ctx` where it contains an anchor.
 
     Character sets are carried as normalized code point range tuples until they are compiled
     with :func:`char_class_expr`; single characters as ints.
@@ -317,16 +415,30 @@ class _Parser:
         return UnsupportedRegexError(construct, self.p, pos)
 
     # -- structure
-    def parse_top(self) -> list[tuple[bool, int, bool]]:
-        """The top-level alternatives as ``(anchored_start, expr, anchored_end)``."""
+    def parse_top(self) -> list[tuple[list, object]]:
+        """The top-level alternatives as ``(lookaheads, node)``; ``lookaheads`` lists
+        ``(negative, node)`` for each ``(?=X)``/``(?!X)`` at the alternative's start."""
         alts = []
         while True:
-            start = False
-            if self._peek() == "^":
+            start = self._peek() == "^"
+            if start:
                 self.i += 1
-                start = True
-            e, end = self._sequence(top=True)
-            alts.append((start, e, end))
+                if self._peek() in ("*", "+", "?") or (self._peek() == "{" and self._braces(self.i)):
+                    raise self._syntax("nothing to repeat", self.i)
+            looks = []
+            while self.p.startswith(("(?=", "(?!"), self.i):
+                open_pos = self.i
+                negative = self.p[self.i + 2] == "!"
+                self.i += 3
+                node = self._disjunction()
+                if self._peek() != ")":
+                    raise self._syntax("missing ')'", open_pos)
+                self.i += 1
+                if self._peek() in ("*", "+", "?", "{"):
+                    raise self._unsupported("quantified lookahead", open_pos)
+                looks.append((negative, node))
+            node = self._sequence()
+            alts.append((looks, _ctx_concat(self.x, _START, node) if start else node))
             c = self._peek()
             if c == "":
                 return alts
@@ -334,29 +446,39 @@ class _Parser:
                 raise self._syntax("unmatched ')'", self.i)
             self.i += 1  # '|'
 
-    def _disjunction(self) -> int:
-        alts = [self._sequence(top=False)[0]]
+    def _disjunction(self):
+        alts = [self._sequence()]
         while self._peek() == "|":
             self.i += 1
-            alts.append(self._sequence(top=False)[0])
-        return self.x.alt(*alts)
+            alts.append(self._sequence())
+        return _ctx_alt(self.x, alts)
 
-    def _sequence(self, top: bool) -> tuple[int, bool]:
-        items: list[int] = []
+    def _sequence(self):
+        out = None   # the node so far
+        run: list[int] = []   # anchor-free items not yet added to it
         while self.i < self.n:
             c = self.p[self.i]
             if c == "|" or c == ")":
                 break
-            if c == "$":
-                if top and self._peek(1) in ("", "|"):
-                    self.i += 1
-                    return self.x.concat(*items), True
-                raise self._unsupported("anchor '$' not at the end of a top-level alternative", self.i)
-            if c == "^":
-                raise self._unsupported("anchor '^' not at the start of a top-level alternative", self.i)
-            atom = self._atom()
-            items.append(self._quantifier(atom))
-        return self.x.concat(*items), False
+            if c in "^$":
+                self.i += 1
+                nxt = self._peek()
+                if nxt in ("*", "+", "?") or (nxt == "{" and self._braces(self.i) is not None):
+                    raise self._syntax("nothing to repeat", self.i)
+                item = _START if c == "^" else _END
+            else:
+                item = self._quantifier(self._atom())
+            if not isinstance(item, _Ctx):
+                run.append(item)
+                continue
+            if run:
+                out = self.x.concat(*run) if out is None else _ctx_concat(self.x, out, self.x.concat(*run))
+                run = []
+            out = item if out is None else _ctx_concat(self.x, out, item)
+        if run:
+            tail = self.x.concat(*run)
+            out = tail if out is None else _ctx_concat(self.x, out, tail)
+        return EPS if out is None else out
 
     def _braces(self, pos: int) -> tuple[int, int | None, int] | None:
         """``(lo, hi, end)`` of a valid ``{m}``/``{m,}``/``{m,n}`` at ``pos``, else None."""
@@ -373,7 +495,7 @@ class _Parser:
             )
         return lo, hi, m.end()
 
-    def _quantifier(self, atom: int) -> int:
+    def _quantifier(self, atom):
         c = self._peek()
         if c == "*":
             lo, hi, end = 0, None, self.i + 1
@@ -391,10 +513,10 @@ class _Parser:
         self.i = end
         if self._peek() == "?":
             self.i += 1  # lazy: the same language
-        return self.x.repeat(atom, lo, hi)
+        return _ctx_repeat(self.x, atom, lo, hi)
 
     # -- atoms
-    def _atom(self) -> int:
+    def _atom(self):
         pos = self.i
         c = self.p[pos]
         if c == "(":
@@ -412,7 +534,7 @@ class _Parser:
         self.i += 1
         return _char_expr(ord(c), self.x)
 
-    def _group(self) -> int:
+    def _group(self):
         open_pos = self.i
         self.i += 1
         if self._peek() == "?":
@@ -420,7 +542,8 @@ class _Parser:
             if nxt == ":":
                 self.i += 2
             elif nxt in ("=", "!"):
-                raise self._unsupported("lookahead", open_pos)
+                raise self._unsupported("lookahead not at the start of a top-level alternative",
+                                        open_pos)
             elif nxt == "<" and self._peek(2) in ("=", "!"):
                 raise self._unsupported("lookbehind", open_pos)
             elif nxt == "<" or (nxt == "P" and self._peek(2) == "<"):
@@ -581,7 +704,7 @@ class _Parser:
 # ---------------------------------------------------------------------------- entry points
 
 
-def _parse(pattern: str, exprs: ExprSet) -> list[tuple[bool, int, bool]]:
+def _parse(pattern: str, exprs: ExprSet) -> list[tuple[list, object]]:
     # parsed once per ExprSet (expressions are hash-consed there, so the result stays valid)
     cache = exprs.__dict__.setdefault("_regex_parse_cache", {})
     r = cache.get(pattern)
@@ -592,25 +715,63 @@ def _parse(pattern: str, exprs: ExprSet) -> list[tuple[bool, int, bool]]:
     return r
 
 
-def parse_regex(pattern: str, exprs: ExprSet) -> int:
-    """The expression matching the strings that ``pattern`` fully matches.
+def _prefix_match(x: ExprSet, node, a: int) -> int:
+    """The inputs (from a position that is the input start iff ``a``) of which ``node`` matches
+    a prefix: the lookahead's condition."""
+    E = _Ctx.of(node).e
+    plus = x.concat(any_utf8_char(x), any_utf8_string(x))
+    return x.alt(E[a][1], x.concat(E[a][0], plus))
 
-    ``^`` at the start and ``$`` at the end of top-level alternatives are accepted and ignored.
+
+def _conditions(x: ExprSet, looks: list, a: int) -> list[int]:
+    out = []
+    for negative, node in looks:
+        p = _prefix_match(x, node, a)
+        out.append(x.complement(p) if negative else p)
+    return out
+
+
+def parse_regex(pattern: str, exprs: ExprSet) -> int:
+    """The expression matching the strings that ``pattern`` fully matches (``^``/``$`` hold at
+    the start/end of the string only; leading lookaheads constrain the whole string).
+
     Raises :class:`RegexSyntaxError`, :class:`UnsupportedRegexError` (both with a 0-based
     ``position``) or :class:`GrammarTooComplexError` (quantifier bound above :data:`MAX_REPEAT`).
     """
-    return exprs.alt(*[e for _, e, _ in _parse(pattern, exprs)])
+    parts = []
+    for looks, node in _parse(pattern, exprs):
+        e = _Ctx.of(node).e[1][1] if isinstance(node, _Ctx) else node
+        parts.append(exprs.intersect(e, *_conditions(exprs, looks, 1)) if looks else e)
+    return exprs.alt(*parts)
 
 
 def search_regex(pattern: str, exprs: ExprSet) -> int:
     """The expression of JSON Schema ``pattern`` semantics (ECMA ``RegExp.prototype.test``).
 
-    A string matches if the pattern matches any substring of it: each top-level alternative
-    becomes ``.*alt.*`` over any UTF-8 string, where a leading ``^`` drops the left ``.*`` and a
-    trailing ``$`` the right one.
+    A string matches if the pattern matches any substring of it: an anchor-free alternative
+    becomes ``.*alt.*`` over any UTF-8 string; one with anchors is split by whether its match
+    starts at the input start and ends at the input end; a leading lookahead intersects the
+    part from the match start to the end of the input with its condition.
     """
-    anything = any_utf8_string(exprs)
+    x = exprs
+    anything = any_utf8_string(x)
+    plus = x.concat(any_utf8_char(x), anything)
     parts = []
-    for start, e, end in _parse(pattern, exprs):
-        parts.append(exprs.concat(EPS if start else anything, e, EPS if end else anything))
-    return exprs.alt(*parts)
+    for looks, node in _parse(pattern, x):
+        if not isinstance(node, _Ctx) and not looks:
+            parts.append(x.concat(anything, node, anything))
+            continue
+        E = _Ctx.of(node).e
+
+        def rest(a):  # the input from the match start: a match, then anything
+            if E[a][0] == E[a][1]:
+                return x.concat(E[a][1], anything)
+            return x.alt(E[a][1], x.concat(E[a][0], plus))
+
+        at_start = x.intersect(rest(1), *_conditions(x, looks, 1)) if looks else rest(1)
+        later = x.intersect(rest(0), *_conditions(x, looks, 0)) if looks else rest(0)
+        if at_start == later:
+            parts.append(x.concat(anything, later))
+        else:
+            parts.append(x.alt(at_start, x.concat(plus, later)))
+    return x.alt(*parts)
