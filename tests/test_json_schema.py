@@ -493,6 +493,18 @@ def test_pattern_anchors_in_groups_and_leading_lookaheads():
     assert not accepts(cg, '{"x": "s"}')
 
 
+def test_intersection_budget_bounds_compile_work(monkeypatch):
+    import grammask.grammar.json_schema as js
+
+    schema = {"type": "object", "properties": {f"p{i}": {"oneOf": [{"type": "integer", "minimum": 0},
+                                                                  {"type": "integer", "maximum": 5}]}
+                                               for i in range(6)}}
+    compile_schema(schema)  # within the default budget
+    monkeypatch.setattr(js, "MAX_INTERSECTIONS", 20)
+    with pytest.raises(GrammarTooComplexError, match="intersections"):
+        json_schema_grammar(schema)
+
+
 def test_invalid_schemas():
     for bad in [{"type": "strin"}, {"minLength": -1}, {"enum": 3}, {"properties": []}, {"$ref": "#/nope"},
                 {"type": "string", "pattern": "("}, {"minimum": "3"}]:

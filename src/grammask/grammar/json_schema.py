@@ -116,6 +116,7 @@ MAX_UNIQUE_VALUES = 10
 MAX_UNFOLD_DEPTH = 200
 MAX_RULES = 500_000
 MAX_NEGATED_REGEXES = 3
+MAX_INTERSECTIONS = 200_000  # subschema intersections one compile may compute (bounds its time)
 MAX_EMPTY_CHECK_STATES = 2000   # regex emptiness checks while simplifying (unknown beyond)
 
 ALL_TYPES = ("null", "boolean", "number", "integer", "string", "array", "object")
@@ -679,6 +680,7 @@ class _Compiler:
         self.isect_memo: dict = {}
         self.isect_busy: set = set()
         self.unfold_depth = 0
+        self.n_isect = 0
         self.gen_memo: dict = {}
         self.keep: list = []   # keeps memo-keyed nodes alive (ids stay unique)
         self.str_tok_cache: dict = {}
@@ -1165,6 +1167,11 @@ class _Compiler:
         return r
 
     def isect(self, a: Node, b: Node) -> Node:
+        self.n_isect += 1
+        if self.n_isect > MAX_INTERSECTIONS:
+            raise GrammarTooComplexError(
+                f"the schema needs more than {MAX_INTERSECTIONS:,} intersections of subschemas "
+                "(allOf/oneOf/not combinations)")
         if a is ANY or a is b:
             return b
         if b is ANY:
