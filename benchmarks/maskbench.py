@@ -493,6 +493,15 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
                          fmt(pct(g["ttfm"], 50) / pct(s["ttfm"], 50), 2) if s["ttfm"] and g["ttfm"] else "-"])
         lines += ["### Ratios (lower is better for grammask)", "",
                   md_table(["ratio", "TBM avg", "TBM p50", "TTFM p50"], rows), ""]
+    rows = []
+    for s in summaries:
+        for kind in ("timeout", "crash", "mask error"):
+            ids = [sid for sid, why in s.get("failures", []) if why and why.startswith(kind)]
+            if ids:
+                rows.append([s["engine"], kind, len(ids), ", ".join(ids[:12]) + (" ..." if len(ids) > 12 else "")])
+    if rows:
+        lines += ["### Schemas that timed out, crashed or failed while masking", "",
+                  md_table(["engine", "failure", "schemas", "ids"], rows), ""]
     splits = sorted({sp for s in summaries for sp in s["per_split"]})
     head = ["split"] + [s["engine"] for s in summaries]
     rows = []
@@ -571,8 +580,9 @@ def main(argv=None) -> None:
                 print(f"  {name}: {k + 1}/{len(tasks)} schemas, {time.time() - t0:.0f} s", file=sys.stderr)
         w.close()
         s = summarize(name, results, [t[1] for t in tasks])
-        s["failures"] = [(t[0], r.get("compile_error") or r.get("mask_error")
-                          or ("timeout" if r.get("timeout") else "crash" if r.get("crash") else None))
+        s["failures"] = [(t[0], "timeout" if r.get("timeout") else "crash" if r.get("crash")
+                          else f"mask error: {r['mask_error']}" if r.get("mask_error")
+                          else f"compile error: {r['compile_error']}" if r.get("compile_error") else None)
                          for t, r in zip(tasks, results)]
         summaries.append(s)
         print(f"{name}: passing {s['passing']}/{s['schemas']}, invalid accepted {s['invalid_accepted']}, "
