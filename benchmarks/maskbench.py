@@ -62,15 +62,19 @@ class _Engine:
     bitmask = None
     _llama3 = None
 
-    def encode(self, text: str) -> list[int]:
+    @property
+    def llama3(self) -> Llama3:
+        """The benchmark's tokenizer (loaded on first use: only the key-order search needs it)."""
         if self._llama3 is None:
             self._llama3 = Llama3()
-        return self._llama3.encode(text)
+        return self._llama3
+
+    def encode(self, text: str) -> list[int]:
+        return self.llama3.encode(text)
 
     def encode_with_ends(self, text: str) -> tuple[list[int], list[int]]:
         """Token ids of ``text`` and the character offset where each token ends."""
-        self.encode("")
-        enc = self._llama3.tk.encode(text, add_special_tokens=False)
+        enc = self.llama3.tk.encode(text, add_special_tokens=False)
         return enc.ids, [e for _, e in enc.offsets]
 
     def advance(self, m, tokens) -> int:
