@@ -22,8 +22,8 @@ instances with llguidance (``maskbench/creation/reorder.py`` in guidance-ai/json
 only for the schemas llguidance compiles; in the others the instances keep the order the generating
 LLM chose. So for each valid instance an engine rejects, the harness also searches (outside the
 timings) for a permutation of the instance's object keys that the same engine accepts, the way that
-script does: keys chosen one at a time, each checked by feeding the tokenized text prefix to a fresh
-matcher. "valid rejected" counts the instance as given; "order only" is how many of those the engine
+script does: keys chosen one at a time, each checked by feeding the tokenized text prefix to the
+engine's matcher (rolled back to the part shared with the previous check). "valid rejected" counts the instance as given; "order only" is how many of those the engine
 accepts with its keys permuted (nothing else changed); the rest are rejections of content.
 """
 from __future__ import annotations
@@ -254,15 +254,15 @@ def reorder_keys(engine, compiled, data, *, max_checks: int = 50_000, max_s: flo
                 yield text + "}"
             return
         sep = "" if first else ", "
-        now = [k for k in left if ok(text + sep + json.dumps(k) + ": ")]
+        heads = {k: text + sep + json.dumps(k) + ": " for k in left}
+        now = [k for k in left if ok(heads[k])]
         # First the keys after which every other key possible now can still come next (in a
         # fixed-order grammar: the earliest of them, as MaskBench's reorder script chooses), then
         # the others.
         later = []
         for k in now:
-            head = text + sep + json.dumps(k) + ": "
             rest = [k2 for k2 in left if k2 != k]
-            for after in value(head, obj[k]):
+            for after in value(heads[k], obj[k]):
                 if all(ok(after + ", " + json.dumps(k2) + ": ") for k2 in now if k2 != k):
                     yield from members(after, obj, rest, False)
                 else:

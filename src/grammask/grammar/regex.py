@@ -422,9 +422,7 @@ class _Parser:
         while True:
             start = self._peek() == "^"
             if start:
-                self.i += 1
-                if self._peek() in ("*", "+", "?") or (self._peek() == "{" and self._braces(self.i)):
-                    raise self._syntax("nothing to repeat", self.i)
+                self._anchor()
             looks = []
             while self.p.startswith(("(?=", "(?!"), self.i):
                 open_pos = self.i
@@ -453,32 +451,32 @@ class _Parser:
             alts.append(self._sequence())
         return _ctx_alt(self.x, alts)
 
+    def _anchor(self) -> _Ctx:
+        """``^`` or ``$`` at the cursor (an assertion: nothing may repeat it)."""
+        c = self.p[self.i]
+        self.i += 1
+        nxt = self._peek()
+        if nxt in ("*", "+", "?") or (nxt == "{" and self._braces(self.i) is not None):
+            raise self._syntax("nothing to repeat", self.i)
+        return _START if c == "^" else _END
+
     def _sequence(self):
-        out = None   # the node so far
-        run: list[int] = []   # anchor-free items not yet added to it
+        items = []
         while self.i < self.n:
             c = self.p[self.i]
             if c == "|" or c == ")":
                 break
-            if c in "^$":
-                self.i += 1
-                nxt = self._peek()
-                if nxt in ("*", "+", "?") or (nxt == "{" and self._braces(self.i) is not None):
-                    raise self._syntax("nothing to repeat", self.i)
-                item = _START if c == "^" else _END
-            else:
-                item = self._quantifier(self._atom())
+            items.append(self._anchor() if c in "^$" else self._quantifier(self._atom()))
+        # runs of anchor-free items are concatenated as plain expressions
+        out, run = EPS, []
+        for item in items:
             if not isinstance(item, _Ctx):
                 run.append(item)
                 continue
             if run:
-                out = self.x.concat(*run) if out is None else _ctx_concat(self.x, out, self.x.concat(*run))
-                run = []
-            out = item if out is None else _ctx_concat(self.x, out, item)
-        if run:
-            tail = self.x.concat(*run)
-            out = tail if out is None else _ctx_concat(self.x, out, tail)
-        return EPS if out is None else out
+                out, run = _ctx_concat(self.x, out, self.x.concat(*run)), []
+            out = _ctx_concat(self.x, out, item)
+        return _ctx_concat(self.x, out, self.x.concat(*run)) if run else out
 
     def _braces(self, pos: int) -> tuple[int, int | None, int] | None:
         """``(lo, hi, end)`` of a valid ``{m}``/``{m,}``/``{m,n}`` at ``pos``, else None."""
@@ -717,10 +715,12 @@ def _parse(pattern: str, exprs: ExprSet) -> list[tuple[list, object]]:
 
 def _prefix_match(x: ExprSet, node, a: int) -> int:
     """The inputs (from a position that is the input start iff ``a``) of which ``node`` matches
-    a prefix: the lookahead's condition."""
+    a prefix: a lookahead's condition, and the part of a search from the match start on."""
     E = _Ctx.of(node).e
-    plus = x.concat(any_utf8_char(x), any_utf8_string(x))
-    return x.alt(E[a][1], x.concat(E[a][0], plus))
+    anything = any_utf8_string(x)
+    if E[a][0] == E[a][1]:
+        return x.concat(E[a][1], anything)
+    return x.alt(E[a][1], x.concat(E[a][0], any_utf8_char(x), anything))
 
 
 def _conditions(x: ExprSet, looks: list, a: int) -> list[int]:
@@ -761,15 +761,9 @@ def search_regex(pattern: str, exprs: ExprSet) -> int:
         if not isinstance(node, _Ctx) and not looks:
             parts.append(x.concat(anything, node, anything))
             continue
-        E = _Ctx.of(node).e
-
-        def rest(a):  # the input from the match start: a match, then anything
-            if E[a][0] == E[a][1]:
-                return x.concat(E[a][1], anything)
-            return x.alt(E[a][1], x.concat(E[a][0], plus))
-
-        at_start = x.intersect(rest(1), *_conditions(x, looks, 1)) if looks else rest(1)
-        later = x.intersect(rest(0), *_conditions(x, looks, 0)) if looks else rest(0)
+        # the input from the match start on: a match, then anything
+        at_start = x.intersect(_prefix_match(x, node, 1), *_conditions(x, looks, 1))
+        later = x.intersect(_prefix_match(x, node, 0), *_conditions(x, looks, 0))
         if at_start == later:
             parts.append(x.concat(anything, later))
         else:
