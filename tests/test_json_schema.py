@@ -704,3 +704,40 @@ def test_property_order_any():
     assert accepts(ordered, docs[0]) and not accepts(ordered, docs[1]) and not accepts(ordered, docs[2])
     with pytest.raises(ValueError):
         compile_schema(schema, property_order="sorted")
+
+
+def test_compiling_leaves_no_cyclic_garbage():
+    """The compile state (recursive IR through $ref, memo tables, the generators' mutually
+    recursive closures) is unlinked when compilation ends, so reference counting frees it; left
+    to the cyclic collector it piled up into full collections of up to a second in a long-lived
+    process, landing on some later mask."""
+    import gc
+
+    ex = ExprSet()
+    schemas = [
+        {"$ref": "#/$defs/node", "$defs": {"node": {
+            "type": "object", "properties": {"v": {"type": "integer"},
+                                             "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+            "required": ["v"]}}},
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "number"}},
+         "minProperties": 1, "maxProperties": 2, "additionalProperties": {"type": "boolean"}},
+        {"type": "array", "items": {"enum": ["x", "y", "z"]}, "uniqueItems": True, "contains": {"const": "x"}},
+        {"allOf": [{"$ref": "#/$defs/t"}, {"not": {"required": ["z"]}}],
+         "$defs": {"t": {"type": "object", "properties": {"z": {"$ref": "#/$defs/t"}}}}},
+    ]
+    json_schema_grammar(schemas[0], exprs=ex)   # warm the shared caches of the ExprSet
+    gc.collect()
+    gc.disable()
+    try:
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        for schema in schemas:
+            json_schema_grammar(schema, exprs=ex)
+        gc.collect()
+        ours = [o for o in gc.garbage if type(o).__module__.startswith("grammask")
+                or getattr(o, "__module__", None) == "grammask.grammar.json_schema"]
+        assert ours == []
+        assert len(gc.garbage) < 50, [type(o).__qualname__ for o in gc.garbage][:20]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()

@@ -69,3 +69,33 @@ def test_alive_of_length_bounded_intersections(pat, bound, expect):
     letters = sorted({c for c in pat.encode() if chr(c).isalnum()})
     words = (bytes(t) for n in range(bound + 1) for t in product(letters, repeat=n))
     assert any(ex.matches(e, w) for w in words) is expect
+
+
+def test_memo_tables_are_not_tracked_by_the_garbage_collector():
+    """A long-lived ExprSet holds millions of memoised results; each container the cyclic
+    collector tracks is walked by every full collection (seconds on a big heap, landing on some
+    mask). Its tables hold only ints, tuples of ints (or arrays) and bytearrays, so after a few
+    collections (each stops tracking the tuples whose items are untracked, then the dicts holding
+    them: one level of nesting each) the collector tracks none of them (lists or frozensets would
+    stay tracked for ever)."""
+    import gc
+
+    from grammask.grammar.lexer import Lexer
+
+    ex = ExprSet()
+    words = [parse_regex(p, ex) for p in ("[a-z]+", "[0-9]{1,5}", '"([^"\\\\]|\\\\.)*"', "true|false")]
+    lx = Lexer(ex, words)
+    s = lx.start_state(list(range(len(words))))
+    lx.expand(s, budget=200)
+    for w in words:
+        ex.min_length(w)
+        ex.may_be_infinite(w)
+    assert len(ex._trans) > 10 and len(ex._fm) > 10 and len(ex.__dict__["_lexer_moves"]) > 1
+    for _ in range(5):
+        gc.collect()
+    for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm",
+                 "_partition_cache", "_trans", "_lexer_moves"):
+        table = getattr(ex, name) if hasattr(ex, name) else ex.__dict__[name]
+        assert not gc.is_tracked(table), (name, [(k, v) for k, v in table.items() if gc.is_tracked(k) or gc.is_tracked(v)][:3] if isinstance(table, dict) else None)
+        if isinstance(table, dict):
+            assert not any(gc.is_tracked(v) for v in table.values()), name

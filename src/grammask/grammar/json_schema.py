@@ -512,7 +512,10 @@ class _Strings:
                 parts.append(ex.concat(dset(y, y), fixed("0" * n, b[1:])))
             return ex.alt(*parts)
 
-        return fixed(f"{lo:0{width}x}", f"{hi:0{width}x}")
+        try:
+            return fixed(f"{lo:0{width}x}", f"{hi:0{width}x}")
+        finally:
+            fixed = None  # break the closure's reference cycle
 
     def u_escapes(self, ranges) -> int:
         """``\\uXXXX`` spellings (surrogate pairs above U+FFFF) of the non-ASCII code points."""
@@ -658,6 +661,7 @@ class _Compiler:
     def __init__(self, root, *, whitespace, max_whitespace, strict, lenient, indent, unordered_max=0, exprs=None):
         self.root = root
         self.unordered_max = unordered_max
+        self.refs: list[Ref] = []   # every Ref made: unlinked by close()
         self.g = Grammar(exprs)
         self.ex = self.g.exprs
         # the JSON lexemes and the string-encoding caches live with the ExprSet: a compiler that
@@ -776,9 +780,24 @@ class _Compiler:
         key = (id(target), tbase)
         r = self.ref_nodes.get(key)
         if r is None:
-            r = Ref(tptr, lambda t=target, p=tptr, b=tbase: self.to_ir(t, p, b))
+            r = self.new_ref(tptr, lambda t=target, p=tptr, b=tbase: self.to_ir(t, p, b))
             self.ref_nodes[key] = r
         return r
+
+    def new_ref(self, name: str, target) -> Ref:
+        r = Ref(name, target)
+        self.refs.append(r)
+        return r
+
+    def close(self) -> None:
+        """Drop the compile state. The IR of a recursive schema is cyclic (a Ref resolves to a
+        node that contains it), and the memo tables and generator closures refer to one
+        another: unlinking them lets reference counting free it all at once, rather than leave
+        it to a full pass of the cyclic garbage collector (a pause of up to a second once such
+        garbage has piled up, landing on some later mask)."""
+        for r in self.refs:
+            r.target = r._node = None
+        self.__dict__.clear()
 
     def unfold(self, n: Node) -> Node:
         depth = 0
@@ -1185,8 +1204,8 @@ class _Compiler:
         if isinstance(a, Ref) or isinstance(b, Ref):
             if key in self.isect_busy:
                 # a recursive intersection: refer to the result being built
-                return Ref(f"{getattr(a, 'name', '?')}&{getattr(b, 'name', '?')}",
-                           lambda k=key: self._memo_result(k))
+                return self.new_ref(f"{getattr(a, 'name', '?')}&{getattr(b, 'name', '?')}",
+                                    lambda k=key: self._memo_result(k))
             self.isect_busy.add(key)
             self.unfold_depth += 1
             try:
@@ -1439,7 +1458,7 @@ class _Compiler:
             key = ("not", id(n))
             r = self.isect_memo.get(key)
             if r is None:
-                r = Ref(f"not {getattr(n, 'name', 'oneOf')}", lambda n=n: self._lazy_negate(n, ptr))
+                r = self.new_ref(f"not {getattr(n, 'name', 'oneOf')}", lambda n=n: self._lazy_negate(n, ptr))
                 self.isect_memo[key] = r
                 self.keep.append(n)
             return r
@@ -1607,7 +1626,7 @@ class _Compiler:
         if r is not None:
             return r
         if key in self.isect_busy:
-            return Ref("oneOf", lambda k=key: self._memo_result(k))
+            return self.new_ref("oneOf", lambda k=key: self._memo_result(k))
         self.isect_busy.add(key)
         try:
             r = self._resolve_oneof(n)
@@ -1935,13 +1954,16 @@ class _Compiler:
             g.define(nt, rule)
             return nt
 
-        alts = []
-        if mn == 0:
-            alts.append([lk, rk_empty])
-        if top >= 1:
-            for j in range(n):
-                alts.append([lk, self.tok(elem_lead, toks[j]), U(1 << j, 1), rk])
-        return alts
+        try:
+            alts = []
+            if mn == 0:
+                alts.append([lk, rk_empty])
+            if top >= 1:
+                for j in range(n):
+                    alts.append([lk, self.tok(elem_lead, toks[j]), U(1 << j, 1), rk])
+            return alts
+        finally:
+            U = None  # break the closures' reference cycle
 
     def gen_contains(self, a, prefix, items, mn, mx, elem_lead, depth, lk, rk, rk_empty, comma):
         """Arrays with contains clauses: the state counts the items matching each clause (capped);
@@ -2032,16 +2054,19 @@ class _Compiler:
             g.define(nt, rule)
             return nt
 
-        zero = (0,) * nc
-        alts = []
-        if mn == 0 and ok_end(zero):
-            alts.append([lk, rk_empty])
-        if mx is None or mx >= 1:
-            for v, bits in elements(0):
-                nk = step(zero, bits)
-                if nk is not None:
-                    alts.append([lk, v, S(1, nk), rk])
-        return alts
+        try:
+            zero = (0,) * nc
+            alts = []
+            if mn == 0 and ok_end(zero):
+                alts.append([lk, rk_empty])
+            if mx is None or mx >= 1:
+                for v, bits in elements(0):
+                    nk = step(zero, bits)
+                    if nk is not None:
+                        alts.append([lk, v, S(1, nk), rk])
+            return alts
+        finally:
+            S = None  # break the closures' reference cycle
 
     # -------------------------------------------------------------- objects
     def key_regions(self, o: ObjC, declared: list) -> list:
@@ -2214,36 +2239,39 @@ class _Compiler:
             g.define(nt, rule)
             return nt
 
-        alts = []
-        if not req_from[0] and mn == 0 and full == 0:
-            alts.append([lb, rb_empty])
-        if mx is not None and mx == 0:
-            return alts
-        first = g.fresh("first")
-        frule = []
-        for syms, bits in add_alts:
-            frule.append([*syms, R(0, cnt(1), bits)])
-        FD: dict = {}
+        try:
+            alts = []
+            if not req_from[0] and mn == 0 and full == 0:
+                alts.append([lb, rb_empty])
+            if mx is not None and mx == 0:
+                return alts
+            first = g.fresh("first")
+            frule = []
+            for syms, bits in add_alts:
+                frule.append([*syms, R(0, cnt(1), bits)])
+            FD: dict = {}
 
-        def Fd(i: int) -> int:
-            nt = FD.get(i)
-            if nt is not None:
+            def Fd(i: int) -> int:
+                nt = FD.get(i)
+                if nt is not None:
+                    return nt
+                nt = g.fresh("firstprop")
+                FD[i] = nt
+                rule = []
+                if i < n:
+                    for syms, bits in mem[i][0]:
+                        rule.append([*syms, R(i + 1, cnt(1), bits)])
+                    if not mem[i][1]:
+                        rule.append([Fd(i + 1)])
+                g.define(nt, rule)
                 return nt
-            nt = g.fresh("firstprop")
-            FD[i] = nt
-            rule = []
-            if i < n:
-                for syms, bits in mem[i][0]:
-                    rule.append([*syms, R(i + 1, cnt(1), bits)])
-                if not mem[i][1]:
-                    rule.append([Fd(i + 1)])
-            g.define(nt, rule)
-            return nt
 
-        frule.append([Fd(0)])
-        g.define(first, frule)
-        alts.append([lb, first, rb])
-        return alts
+            frule.append([Fd(0)])
+            g.define(first, frule)
+            alts.append([lb, first, rb])
+            return alts
+        finally:
+            R = D = Fd = None  # break the closures' reference cycle
 
 
     def gen_unordered(self, mem, add_alts, mn, mx, cap, full, comma, lb, rb, rb_empty) -> list:
@@ -2283,17 +2311,20 @@ class _Compiler:
             g.define(nt, rule)
             return nt
 
-        alts = []
-        if not req_mask and mn == 0 and full == 0:
-            alts.append([lb, rb_empty])
-        if mx is not None and mx == 0:
+        try:
+            alts = []
+            if not req_mask and mn == 0 and full == 0:
+                alts.append([lb, rb_empty])
+            if mx is not None and mx == 0:
+                return alts
+            for j in range(n):
+                for syms, bits in mem[j][0]:
+                    alts.append([lb, *syms, U(1 << j, cnt(1), bits), rb])
+            for syms, bits in add_alts:
+                alts.append([lb, *syms, U(0, cnt(1), bits), rb])
             return alts
-        for j in range(n):
-            for syms, bits in mem[j][0]:
-                alts.append([lb, *syms, U(1 << j, cnt(1), bits), rb])
-        for syms, bits in add_alts:
-            alts.append([lb, *syms, U(0, cnt(1), bits), rb])
-        return alts
+        finally:
+            U = None  # break the closures' reference cycle
 
 
 class _CannotNegate(Exception):
@@ -2376,6 +2407,7 @@ def json_schema_grammar(schema, *, whitespace: str = "flexible", max_whitespace:
     schema = normalize_schema_input(schema)
     if indent is not None and (not isinstance(indent, int) or isinstance(indent, bool) or indent < 0):
         raise ValueError("indent must be a non-negative integer")
+    c = None
     try:
         c = _Compiler(schema, whitespace=whitespace, max_whitespace=max_whitespace, strict=strict,
                       lenient=lenient, indent=indent, unordered_max=min(max(unordered_properties, 0), 10),
@@ -2387,9 +2419,12 @@ def json_schema_grammar(schema, *, whitespace: str = "flexible", max_whitespace:
         top = c.gen(node, lead, 0)
     except RecursionError:
         raise GrammarTooComplexError("the schema nests too deeply") from None
-    if c.warnings:
-        warnings.warn("JSON schema constraints ignored (lenient=True): " + "; ".join(c.warnings), stacklevel=3)
-    g = c.g
+    finally:
+        if c is not None:
+            g, found = c.g, c.warnings
+            c.close()
+    if found:
+        warnings.warn("JSON schema constraints ignored (lenient=True): " + "; ".join(found), stacklevel=3)
     g.rule("root", [[top]])
     g.root = g.index["root"]
     return g

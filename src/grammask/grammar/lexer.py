@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import GrammarTooComplexError
-from .regexset import ExprSet
+from .regexset import ExprSet, pack_ids
 
 DEAD = -1
 UNKNOWN = -2
@@ -63,7 +63,7 @@ def _moves(exprs: ExprSet, key: tuple[int, ...]):
         if tgt:
             cls[_mask_bytes(p)] = len(targets)
             targets.append(tuple(tgt))
-    return cls, targets
+    return cls, tuple(targets)  # tuples: the cache is left alone by the garbage collector
 
 
 def _second(pair):
@@ -210,11 +210,12 @@ class Lexer:
             key = tuple([e for _, e in srt])
             lxs = [lx for lx, _ in srt]
         cache = self._moves_cache
-        moves = cache.get(key)
+        ck = pack_ids(key)   # an int key: see ExprSet on keeping memo tables off the collector
+        moves = cache.get(ck)
         if moves is None:
             if len(cache) >= MAX_CACHED_MOVES:   # about 1.3 KB each: bound the memory it holds
                 cache.clear()
-            moves = cache[key] = _moves(self.exprs, key)
+            moves = cache[ck] = _moves(self.exprs, key)
         cls, targets = moves
         ids = [0] * len(targets) + [DEAD]
         new = []

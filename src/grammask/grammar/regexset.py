@@ -37,6 +37,39 @@ def _lowbit(mask: int) -> int:
     return (mask & -mask).bit_length() - 1
 
 
+def _node_key(kind: int, args: tuple) -> int:
+    """An int naming ``(kind, args)`` one to one (node ids are below 2**32 and repeat counts
+    below 2**64). Ints, unlike tuples, never make the dict holding them a container the garbage
+    collector must walk."""
+    if kind == CONCAT:
+        return ((args[0] << 32 | args[1]) << 3) | CONCAT
+    if kind == OR or kind == AND:
+        return pack_ids(args) << 3 | kind
+    if kind == REPEAT:
+        x, lo, hi = args
+        return ((((hi + 1) << 64 | lo) << 32 | x) << 3) | REPEAT
+    if kind == NOT or kind == BYTES:
+        return args[0] << 3 | kind
+    return kind   # EMPTY, EPS
+
+
+def pack_ids(xs) -> int:
+    """One int naming a sequence of ints below 2**32 (its length, then each in 32 bits)."""
+    k = len(xs)
+    for x in xs:
+        k = k << 32 | x
+    return k
+
+
+def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Union of two sorted tuples of distinct ints, sorted."""
+    if not a or a == b:
+        return b
+    if not b:
+        return a
+    return tuple(sorted(set(a).union(b)))
+
+
 class ExprSet:
     """A store of hash-consed byte regexes, their derivatives and properties."""
 
@@ -44,25 +77,33 @@ class ExprSet:
     EPS = 1
 
     def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000):
-        self.kind: list[int] = []
+        if not 0 < max_nodes < 1 << 32:
+            raise ValueError("max_nodes must be below 2**32 (node ids are packed into keys)")
+        # Everything memoised here is kept out of the cyclic garbage collector's way: flags in
+        # bytearrays, keys packed into ints (see _node_key), results as tuples of ints (which the
+        # collector stops tracking) rather than lists or frozensets. A long-lived set holds
+        # millions of entries; a dict with tuple keys is tracked again by every insertion of a
+        # fresh key, and each full collection then walks all its keys (up to a second on a big
+        # heap: a pause that lands on whatever mask is being computed).
+        self.kind = bytearray()
         self.args: list[tuple] = []
-        self._nullable: list[bool] = []
-        self._has_bool: list[bool] = []  # contains AND or NOT: emptiness needs exploration
-        self._ids: dict[tuple, int] = {}
-        self._deriv: dict[tuple[int, int], int] = {}
+        self._nullable = bytearray()
+        self._has_bool = bytearray()  # contains AND or NOT: emptiness needs exploration
+        self._ids: dict[int, int] = {}      # _node_key(kind, args) -> node
+        self._deriv: dict[int, int] = {}    # e << 8 | byte -> derivative
         self._classes: dict[int, tuple[int, ...]] = {}
         self._alive: dict[int, bool] = {}
         self._minlen: dict[int, float] = {}
         self._unbounded: dict[int, bool] = {}
-        self._subset_cache: dict[tuple[int, int], bool] = {}
-        self._fm: dict[int, frozenset] = {}
-        self._partition_cache: dict[frozenset, tuple[int, ...]] = {}
-        self._trans: dict[int, list[tuple[int, int]]] = {}
+        self._subset_cache: dict[int, bool] = {}   # c << 32 | x
+        self._fm: dict[int, tuple[int, ...]] = {}  # sorted first-byte masks
+        self._partition_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
+        self._trans: dict[int, tuple[tuple[int, int], ...]] = {}
         self.max_nodes = max_nodes
         self.max_alive_states = max_alive_states
         #: held by every writer: compilers, lexers and slice checks of all grammars sharing the set
         self.lock = threading.RLock()
-        self._prefix_cache: dict[tuple[int, int], bool] = {}
+        self._prefix_cache: dict[int, bool] = {}   # s << 32 | u
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
 
     # ------------------------------------------------------------------ construction
@@ -70,7 +111,7 @@ class ExprSet:
         return len(self.kind)
 
     def _mk(self, kind: int, args: tuple) -> int:
-        key = (kind, args)
+        key = _node_key(kind, args)
         i = self._ids.get(key)
         if i is not None:
             return i
@@ -224,6 +265,8 @@ class ExprSet:
             return EPS
         if lo == 1 and hi == 1:
             return a
+        if lo >= 1 << 64 or hi >= 1 << 64:
+            raise GrammarTooComplexError(f"repetition count {max(lo, hi)} is too large")
         return self._mk(REPEAT, (a, lo, hi))
 
     def star(self, a: int) -> int:
@@ -237,14 +280,14 @@ class ExprSet:
 
     # ------------------------------------------------------------------ properties
     def nullable(self, e: int) -> bool:
-        return self._nullable[e]
+        return self._nullable[e] == 1
 
     def has_bool(self, e: int) -> bool:
-        return self._has_bool[e]
+        return self._has_bool[e] == 1
 
     def deriv(self, e: int, b: int) -> int:
         """Brzozowski derivative of ``e`` by byte ``b`` (memoised)."""
-        key = (e, b)
+        key = e << 8 | b
         r = self._deriv.get(key)
         if r is not None:
             return r
@@ -270,7 +313,7 @@ class ExprSet:
         self._deriv[key] = r
         return r
 
-    def _first_masks(self, e: int) -> frozenset:
+    def _first_masks(self, e: int) -> tuple[int, ...]:
         """The byte masks that can be read first in ``e`` (memoised per node): the derivative of
         ``e`` is constant on each cell of their common refinement."""
         r = self._fm.get(e)
@@ -278,18 +321,20 @@ class ExprSet:
             return r
         k = self.kind[e]
         if k == BYTES:
-            r = frozenset((self.args[e][0],))
+            r = (self.args[e][0],)
         elif k == CONCAT:
             x, y = self.args[e]
             r = self._first_masks(x)
             if self._nullable[x]:
-                r = r | self._first_masks(y)
+                r = _union(r, self._first_masks(y))
         elif k == OR or k == AND:
-            r = frozenset().union(*[self._first_masks(x) for x in self.args[e]])
+            r = ()
+            for x in self.args[e]:
+                r = _union(r, self._first_masks(x))
         elif k == NOT or k == REPEAT:
             r = self._first_masks(self.args[e][0])
         else:
-            r = frozenset()
+            r = ()
         self._fm[e] = r
         return r
 
@@ -319,7 +364,7 @@ class ExprSet:
         self._classes[e] = r
         return r
 
-    def transitions(self, e: int) -> list[tuple[int, int]]:
+    def transitions(self, e: int) -> tuple[tuple[int, int], ...]:
         """``[(byte_mask, target)]`` for every live derivative of ``e`` (dead ones left out)."""
         r = self._trans.get(e)
         if r is not None:
@@ -333,7 +378,7 @@ class ExprSet:
             t = self.deriv(e, _lowbit(m))
             if self.alive(t):
                 r.append((m, t))
-        self._trans[e] = r
+        r = self._trans[e] = tuple(r)
         return r
 
     def _skip_prefix_transitions(self, e: int):
@@ -347,7 +392,7 @@ class ExprSet:
         head, y = self.args[e]
         if self.kind[head] == BYTES:
             # a byte set then ``y``: one move (literals such as keys are chains of these)
-            return [(self.args[head][0], y)] if self.alive(y) else []
+            return ((self.args[head][0], y),) if self.alive(y) else ()
         if self.kind[head] != REPEAT:
             return None
         x, lo, hi = self.args[head]
@@ -359,9 +404,9 @@ class ExprSet:
             if my & m:
                 return None
         if not self.alive(y):
-            return []
+            return ()
         nxt = e if hi == INF else self._concat2(self.repeat(x, 0, hi - 1), y)
-        return [(m, nxt)] + ty
+        return ((m, nxt),) + ty
 
     def alive(self, e: int) -> bool:
         """True iff the language of ``e`` is non-empty (exact)."""
@@ -467,7 +512,7 @@ class ExprSet:
                 continue
             if not (self.alive(x) and self.alive(rest)):
                 continue
-            key = (c, x)
+            key = c << 32 | x
             sub = self._subset_cache.get(key)
             if sub is None:
                 sub = self._subset_cache[key] = not self.alive(self.intersect(c, self.complement(x)))
@@ -538,7 +583,7 @@ class ExprSet:
         (the slicer then walks the slice's trie: slower, never wrong)."""
         import time
 
-        key = (s, u)
+        key = s << 32 | u
         r = self._prefix_cache.get(key)
         if r is not None:
             return r
@@ -552,8 +597,8 @@ class ExprSet:
             self._prefix_cache[key] = True
             return True
         deadline = time.monotonic() + max_seconds
-        seen = {key}
-        todo = [key]
+        seen = {(s, u)}
+        todo = [(s, u)]
         r = True
         while todo and r:
             if len(seen) & 63 == 0 and time.monotonic() > deadline:
