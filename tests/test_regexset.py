@@ -55,6 +55,27 @@ def test_prefixes_contain_matches_brute_force(k):
     u = build(ex)
     # every case is decided within 6 bytes (a counterexample is that short, or none exists)
     assert ex.prefixes_contain(s, u) == brute_prefixes_contain(ex, s, u)
+    # a successful walk records every pair it visited as proved: each must hold on its own
+    proved = [k for k, v in ex._prefix_cache.items() if v]
+    for key in proved:
+        x, y = key >> 32, key & 0xFFFFFFFF
+        assert brute_prefixes_contain(ex, x, y, max_len=5), (ex.to_str(x), ex.to_str(y))
+
+
+def test_proved_pairs_answer_later_questions_about_derivatives():
+    ex = ExprSet()
+    keys = ex.alt(*[ex.literal(w + '"') for w in ("abc", "aba", "bca", "cab")])
+    u = ex.alt(keys, ex.concat(parse_regex("(ab)*c?", ex), ex.literal('"')))
+    s = parse_regex("a(ba)*b?", ex)   # not a repeat: no structural shortcut, a walk
+    assert ex.prefixes_contain(s, u)
+    # the next lexer state after reading "ab" asks about the derivatives: already proved
+    xs = ex.deriv(ex.deriv(s, ord("a")), ord("b"))
+    ys = ex.deriv(ex.deriv(u, ord("a")), ord("b"))
+    assert ex._prefix_cache.get(xs << 32 | ys) is True
+    assert brute_prefixes_contain(ex, xs, ys)
+    n = len(ex._prefix_cache)
+    assert ex.prefixes_contain(xs, ys) and len(ex._prefix_cache) == n
+
 
 
 @pytest.mark.parametrize("pat,bound,expect", [

@@ -31,6 +31,8 @@ EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
 KIND_NAMES = ("EMPTY", "EPS", "BYTES", "CONCAT", "OR", "AND", "NOT", "REPEAT")
 ALL_BYTES = (1 << 256) - 1
 INF = -1
+#: entries of the slice-containment table before it starts over
+MAX_PREFIX_CACHE = 2_000_000
 
 
 def _lowbit(mask: int) -> int:
@@ -580,13 +582,20 @@ class ExprSet:
     def prefixes_contain(self, s: int, u: int, max_pairs: int = 50_000, max_seconds: float = 0.25) -> bool:
         """True iff every string of ``s`` is a prefix of some string of ``u`` (memoised). Exact,
         except that an exploration beyond ``max_pairs`` pairs or ``max_seconds`` answers False
-        (the slicer then walks the slice's trie: slower, never wrong)."""
+        (the slicer then walks the slice's trie: slower, never wrong).
+
+        A successful walk proves the property for every pair it visited (each one's walk is part
+        of it): they are all remembered, so a later question about a derivative of ``u`` (the
+        next lexer state) is answered from the table."""
         import time
 
         key = s << 32 | u
-        r = self._prefix_cache.get(key)
+        pc = self._prefix_cache
+        r = pc.get(key)
         if r is not None:
             return r
+        if len(pc) > MAX_PREFIX_CACHE:
+            pc.clear()
         if self.may_be_infinite(s) and not self.may_be_infinite(u):
             # a finite language has finitely many prefixes (deep in a counted string such as
             # ``maxLength: 65535`` this saves exploring the whole counter); False is the safe
@@ -615,6 +624,8 @@ class ExprSet:
                     break
                 for m2, y2 in ty:
                     if m1 & m2 and (x2, y2) not in seen:
+                        if pc.get(x2 << 32 | y2) is True:
+                            continue   # proved before (a False may be a budget's: explore it)
                         seen.add((x2, y2))
                         if len(seen) > max_pairs:
                             r = False
@@ -622,7 +633,11 @@ class ExprSet:
                         todo.append((x2, y2))
                 if not r:
                     break
-        self._prefix_cache[key] = r
+        if r:
+            for x, y in seen:
+                pc[x << 32 | y] = True
+        else:
+            pc[key] = False
         return r
 
     def first_bytes(self, e: int) -> int:
