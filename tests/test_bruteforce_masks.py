@@ -438,3 +438,22 @@ def test_llama3_masks_equal_reference(llama3, kind, name):
         eng = engine_mask(m, info)
         ref = reference_mask(rec, sets, info.token_bytes, stops)
         assert eng == ref, describe_diff(info, prefix, eng, ref, f"llama3 {kind}:{name}")
+
+
+def test_masks_without_slice_proofs_equal_reference(monkeypatch):
+    """A lexer state whose containment proofs run out of their time budget gets no slice
+    flags, and the kernel walks those slices' tokens instead: the masks must be the same. Here
+    the budget is zero, so no proof runs at all."""
+    from grammask.grammar import regexset, slicer
+
+    calls = []
+    orig = regexset.ExprSet.prefixes_contain
+    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 0.0)
+    monkeypatch.setattr(regexset.ExprSet, "prefixes_contain",
+                        lambda self, *a, **k: calls.append(1) or orig(self, *a, **k))
+    info = _bytelevel()
+    comp = GrammarCompiler(info)   # its own ExprSet: no proof cached by other tests
+    name = next(iter(JSON))
+    for seed in range(3):
+        random_walk(info, comp, "json", name, seed=31 + seed, max_steps=40)
+    assert calls == []

@@ -14,6 +14,7 @@ trie is skipped. Unlike llguidance's symbolic under-approximation, this check is
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 
 import numpy as np
@@ -53,6 +54,9 @@ def slice_expr(pattern: str, ex: ExprSet) -> int:
     return ex.concat(ex.star(parse_regex(r'[^"\\\x00-\x1F\x7F]', ex)), partial)
 MAX_DFA_STATES = 4096
 MAX_CHECK_PAIRS = 50_000
+#: time allowed to the containment proofs of one lexer state (all its slices together); an
+#: unfinished proof answers "not contained": the kernel then walks that slice's tokens
+STATE_PROOF_SECONDS = 0.25
 
 _FORESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _FOREST_LOCK = threading.Lock()
@@ -212,15 +216,23 @@ class SliceChecker:
         f = self._cache.get(s)
         if f is None:
             with self.lexer.lock:
-                flags = np.array([1 if self._contained(s, e) else 0 for e in self.exprs], np.int32)
+                # one time budget for all the slices of a state: a state whose first proof runs
+                # out of time rarely has cheap ones after it, and the mask waits for all of them
+                deadline = time.monotonic() + STATE_PROOF_SECONDS
+                flags = np.zeros(len(self.exprs), np.int32)
+                for k, e in enumerate(self.exprs):
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    flags[k] = self._contained(s, e, left)
             f = (flags, int(sum(int(x) << k for k, x in enumerate(flags))))
             self._cache[s] = f
         return f
 
-    def _contained(self, s0: int, e: int) -> bool:
+    def _contained(self, s0: int, e: int, max_seconds: float) -> bool:
         """Every string of slice ``e`` keeps lexer state ``s0`` alive: the same as every string
         of ``e`` being a prefix of the union of the state's expressions (cached in the ExprSet,
         so shared by every grammar compiled into it)."""
         ex = self.lexer.exprs
         u = ex.alt(*[x for _, x in self.lexer.state_members(s0)])
-        return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS)
+        return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds)
