@@ -4,29 +4,69 @@ Numba (``cache=True``) invalidates a cached kernel only when the file that defin
 a kernel that calls a kernel of another module embeds the callee's machine code: after an edit of
 ``earley.py`` the cached ``mask.py`` kernels would still run the old Earley code. At import we
 fingerprint all kernel modules together and drop the cached kernels when the fingerprint changed.
-Best effort: a read-only install just keeps whatever Numba decides.
+
+The kernel modules are not listed by hand (a moved or renamed file would silently keep stale
+kernels): :func:`kernel_modules` finds every module of the package that imports Numba. A package
+whose sources cannot be read, or in which no kernel module is found, is an installation error and
+raises :class:`ImportError`. Writing the cache is best effort: a read-only install keeps whatever
+Numba decides.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
-KERNEL_MODULES = ("earley.py", "lexer.py", "mask.py", "slicer.py", "jit_cache.py")
+PACKAGE_ROOT = Path(__file__).resolve().parent.parent   # src/grammask
+STAMP_NAME = "grammask-kernels.stamp"
+_USES_NUMBA = re.compile(rb"^\s*(?:from\s+numba[\s.]|import\s+numba\b)", re.MULTILINE)
 
 
-def invalidate_stale_kernel_cache() -> bool:
-    """Remove cached kernels of this package if any kernel module changed; True if it did."""
-    here = Path(__file__).resolve().parent
+def kernel_modules(root: Path = PACKAGE_ROOT) -> list[Path]:
+    """Every module below ``root`` that imports Numba (sorted), derived from the sources."""
+    try:
+        files = sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts)
+        found = [p for p in files if _USES_NUMBA.search(p.read_bytes())]
+    except OSError as e:
+        raise ImportError(f"grammask: cannot read the kernel modules under {root}: {e}") from e
+    if not found:
+        raise ImportError(f"grammask: no Numba kernel module found under {root}; the package is incomplete")
+    return found
+
+
+def kernel_fingerprint(root: Path = PACKAGE_ROOT) -> str:
+    """One hash over the path and text of every kernel module and of this file."""
     h = hashlib.sha256()
-    for name in KERNEL_MODULES:
+    for p in kernel_modules(root) + [Path(__file__).resolve()]:  # this file decides what is stale
         try:
-            h.update(name.encode() + (here / name).read_bytes())
-        except OSError:
-            return False
-    stamp = h.hexdigest()
-    cache_dir = Path(os.environ.get("NUMBA_CACHE_DIR") or here / "__pycache__")
-    stamp_file = cache_dir / "grammask-kernels.stamp"
+            data = p.read_bytes()
+        except OSError as e:
+            raise ImportError(f"grammask: kernel module {p} is missing or unreadable: {e}") from e
+        h.update((p.relative_to(root).as_posix() if p.is_relative_to(root) else p.name).encode())
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
+
+
+def _cache_files(root: Path, modules: list[Path], cache_dir: Path | None):
+    """Numba's cache files (``<module stem>.<kernel>-<line>.pyXY.nbi/.nbc``) of the kernel modules."""
+    stems = {p.stem for p in modules}
+    dirs = [cache_dir] if cache_dir is not None else sorted({p.parent / "__pycache__" for p in modules})
+    for d in dirs:
+        if not d.is_dir():
+            continue
+        for f in (d.rglob("*") if cache_dir is not None else d.iterdir()):
+            if f.suffix in (".nbi", ".nbc") and f.name.split(".", 1)[0] in stems:
+                yield f
+
+
+def invalidate_stale_kernel_cache(root: Path = PACKAGE_ROOT, cache_dir: Path | None = None) -> bool:
+    """Remove the cached kernels of the package if any kernel module changed; True if it did."""
+    modules = kernel_modules(root)
+    stamp = kernel_fingerprint(root)
+    if cache_dir is None and os.environ.get("NUMBA_CACHE_DIR"):
+        cache_dir = Path(os.environ["NUMBA_CACHE_DIR"])
+    stamp_file = (cache_dir or root / "grammar" / "__pycache__") / STAMP_NAME
     try:
         if stamp_file.read_text() == stamp:
             return False
@@ -34,12 +74,10 @@ def invalidate_stale_kernel_cache() -> bool:
         pass
     try:
         removed = False
-        if cache_dir.is_dir():
-            for p in cache_dir.rglob("*"):
-                if p.suffix in (".nbi", ".nbc") and any(p.name.startswith(m[:-3] + ".") for m in KERNEL_MODULES):
-                    p.unlink(missing_ok=True)
-                    removed = True
-        cache_dir.mkdir(parents=True, exist_ok=True)
+        for f in list(_cache_files(root, modules, cache_dir)):
+            f.unlink(missing_ok=True)
+            removed = True
+        stamp_file.parent.mkdir(parents=True, exist_ok=True)
         stamp_file.write_text(stamp)
         return removed
     except OSError:
