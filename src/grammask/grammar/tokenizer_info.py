@@ -32,6 +32,7 @@ import numpy as np
 
 from ..errors import TokenizerError
 from .tokenizer_loaders import backend_of, load_gguf, load_huggingface, load_tiktoken, read_gguf_metadata
+from .tokenizer_loaders.fields import info_fields
 from .toktrie import TokTrie
 from .vocab import (
     STOP_TOKEN_NAMES,
@@ -227,17 +228,10 @@ class TokenizerInfo:
                 tb.append(bytes(t))
             else:
                 raise TokenizerError(f"token {i}: expected bytes or str, got {type(t).__name__}")
-        stops = list(stop_token_ids) if stop_token_ids is not None else detect_stops(names, ())
-        return cls(
-            tb,
-            vocab_size=vocab_size,
-            stop_token_ids=stops,
-            special_token_ids=special,
-            vocab_type=vocab_type,
-            add_prefix_space=add_prefix_space,
-            special_token_text=texts,
-            _strict_stops=stop_token_ids is not None,
-        )
+        return cls(**info_fields(tb, special_token_ids=special, special_token_text=texts, vocab_type=vocab_type,
+                                 add_prefix_space=add_prefix_space, hf_tokenizer=None, encode_fn=None,
+                                 vocab_size=vocab_size, stop_token_ids=stop_token_ids,
+                                 find_stops=lambda: detect_stops(names, ())))
 
     @classmethod
     def from_huggingface(

@@ -5,6 +5,7 @@
 ``tiktoken_bpe``  tiktoken BPE files and ``tiktoken.Encoding`` objects
 ``gguf``          the tokenizer metadata of a GGUF model file
 ``gguf_reader``   GGUF's binary header reader (metadata only, no tensors)
+``fields``        :func:`~.fields.info_fields`, the keyword arguments every loader returns (stop ids resolved)
 
 The vocabulary-string decoding they share with ``TokenizerInfo`` lives in :mod:`grammask.grammar.vocab`;
 loaders never import ``tokenizer_info``, so there is no import cycle.

@@ -10,6 +10,7 @@ from typing import Any, Iterable
 
 from ...errors import TokenizerError
 from ..vocab import BYTE_TOKEN_RE, decode_token, detect_stops, guess_vocab_type, is_control_token
+from .fields import info_fields
 from .gguf_reader import read_gguf_metadata
 
 
@@ -47,32 +48,23 @@ def load_gguf(
             tb[i] = bytes((int(m.group(1), 16),)) if m else decode_token(t, vt)
         else:
             tb[i] = decode_token(t, vt)
-    if stop_token_ids is not None:
-        stops, strict = [int(i) for i in stop_token_ids], True
-    else:
-        eos = [
-            int(meta[k])
-            for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
-            if isinstance(meta.get(k), int) and 0 <= meta[k] < len(tokens)
-        ]
-        stops, strict = detect_stops({t: i for i, t in texts.items()}, eos), False
     aps = meta.get("tokenizer.ggml.add_space_prefix")
     if aps is None:
         aps = model == "llama"
     backend = _gguf_bpe_backend(meta) if model == "gpt2" else None
     encode_fn = (lambda s: backend.encode(s, add_special_tokens=False).ids) if backend is not None else None
-    return dict(
-        token_bytes=tb,
-        vocab_size=vocab_size,
-        stop_token_ids=stops,
-        special_token_ids=special,
-        vocab_type=vt,
-        add_prefix_space=bool(aps),
-        special_token_text=texts,
-        hf_tokenizer=backend,
-        encode_fn=encode_fn,
-        _strict_stops=strict,
-    )
+
+    def find_stops():
+        eos = [
+            int(meta[k])
+            for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+            if isinstance(meta.get(k), int) and 0 <= meta[k] < len(tokens)
+        ]
+        return detect_stops({t: i for i, t in texts.items()}, eos)
+
+    return info_fields(tb, special_token_ids=special, special_token_text=texts, vocab_type=vt,
+                       add_prefix_space=bool(aps), hf_tokenizer=backend, encode_fn=encode_fn,
+                       vocab_size=vocab_size, stop_token_ids=stop_token_ids, find_stops=find_stops)
 
 
 def _gguf_bpe_backend(meta: dict):

@@ -15,6 +15,7 @@ from typing import Any, Iterable, Mapping
 
 from ...errors import TokenizerError
 from ..vocab import as_id_list, decode_token, detect_stops, guess_vocab_type, is_control_token
+from .fields import info_fields
 from .gguf import load_gguf
 from .tiktoken_bpe import is_tiktoken_encoding, load_tiktoken
 
@@ -47,29 +48,17 @@ def load_huggingface(
         except Exception as e:
             raise TokenizerError(f"cannot read {path}: {e}") from None
         eos = _eos_from_folder(path.parent, backend)
-        return _from_backend(
-            backend,
-            hf_tokenizer=backend,
-            encode_fn=lambda t: backend.encode(t, add_special_tokens=False).ids,
-            eos_ids=eos,
-            extra_special=(),
-            vocab_size=vocab_size,
-            stop_token_ids=stop_token_ids,
-        )
+        return _from_backend(backend, hf_tokenizer=backend,
+                             encode_fn=lambda t: backend.encode(t, add_special_tokens=False).ids,
+                             eos_ids=eos, extra_special=(), vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     try:
         from tokenizers import Tokenizer
     except ImportError:  # pragma: no cover
         Tokenizer = ()  # type: ignore[assignment]
     if Tokenizer and isinstance(tokenizer, Tokenizer):
-        return _from_backend(
-            tokenizer,
-            hf_tokenizer=tokenizer,
-            encode_fn=lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
-            eos_ids=(),
-            extra_special=(),
-            vocab_size=vocab_size,
-            stop_token_ids=stop_token_ids,
-        )
+        return _from_backend(tokenizer, hf_tokenizer=tokenizer,
+                             encode_fn=lambda t: tokenizer.encode(t, add_special_tokens=False).ids,
+                             eos_ids=(), extra_special=(), vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     if is_tiktoken_encoding(tokenizer):
         return load_tiktoken(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
     if hasattr(tokenizer, "get_vocab") and hasattr(tokenizer, "convert_ids_to_tokens"):
@@ -81,15 +70,8 @@ def load_huggingface(
 
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and hasattr(backend, "to_str"):
-            return _from_backend(
-                backend,
-                hf_tokenizer=tokenizer,
-                encode_fn=encode_fn,
-                eos_ids=eos,
-                extra_special=extra,
-                vocab_size=vocab_size,
-                stop_token_ids=stop_token_ids,
-            )
+            return _from_backend(backend, hf_tokenizer=tokenizer, encode_fn=encode_fn, eos_ids=eos, extra_special=extra,
+                                 vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         return _from_slow(tokenizer, encode_fn, eos, extra, vocab_size, stop_token_ids)
     raise TokenizerError(f"unsupported tokenizer object of type {type(tokenizer).__name__}")
 
@@ -114,17 +96,7 @@ def _from_backend(backend, *, hf_tokenizer, encode_fn, eos_ids, extra_special, v
         if p is None:
             continue
         a = added.get(i)
-        if a is not None:
-            content = a["content"]
-            if a.get("special") or is_control_token(content) or i in special:
-                special.add(i)
-                texts[i] = content
-            else:
-                tb[i] = content.encode("utf-8")
-        elif i in special:
-            texts[i] = p
-        else:
-            tb[i] = decode_token(p, vt)
+        _place_piece(i, p, None if a is None else (a["content"], a.get("special")), vt, tb, special, texts)
     unk = model.get("unk_token")
     if isinstance(unk, str) and unk in vocab:
         special.add(vocab[unk])
@@ -164,17 +136,8 @@ def _from_slow(tok, encode_fn, eos_ids, extra_special, vocab_size, stop_token_id
                 tb[i] = bytes(p)
             continue
         a = added.get(i)
-        if a is not None:
-            content = _token_content(a) or p
-            if getattr(a, "special", False) or is_control_token(content) or i in special:
-                special.add(i)
-                texts[i] = content
-            else:
-                tb[i] = content.encode("utf-8")
-        elif i in special:
-            texts[i] = p
-        else:
-            tb[i] = decode_token(p, vt)
+        content = None if a is None else (_token_content(a) or p, getattr(a, "special", False))
+        _place_piece(i, p, content, vt, tb, special, texts)
     unk = getattr(tok, "unk_token_id", None)
     if isinstance(unk, int) and 0 <= unk < n:
         special.add(unk)
@@ -182,6 +145,24 @@ def _from_slow(tok, encode_fn, eos_ids, extra_special, vocab_size, stop_token_id
         tb[i] = b""
     names = {t: i for i, t in texts.items()}
     return _finish(tb, vt, None, special, texts, names, eos_ids, tok, encode_fn, vocab_size, stop_token_ids)
+
+
+def _place_piece(i, piece, added, vt, tb, special, texts):
+    """Token ``i`` (vocabulary string ``piece``) into ``tb``/``special``/``texts``. An added token
+    (``added`` = ``(content, marked special)``) is special when marked so, when it looks like a control
+    token or when its id is declared special, else plain text (its content's UTF-8); a model token is
+    decoded per ``vt`` unless its id is declared special."""
+    if added is not None:
+        content, marked = added
+        if marked or is_control_token(content) or i in special:
+            special.add(i)
+            texts[i] = content
+        else:
+            tb[i] = content.encode("utf-8")
+    elif i in special:
+        texts[i] = piece
+    else:
+        tb[i] = decode_token(piece, vt)
 
 
 def _finish(tb, vt, aps, special, texts, names, eos_ids, hf_tokenizer, encode_fn, vocab_size, stop_token_ids):
@@ -194,22 +175,10 @@ def _finish(tb, vt, aps, special, texts, names, eos_ids, hf_tokenizer, encode_fn
                 aps = False
         except Exception:
             pass
-    if stop_token_ids is not None:
-        stops, strict = [int(i) for i in stop_token_ids], True
-    else:
-        stops, strict = detect_stops(names, eos_ids), False
-    return dict(
-        token_bytes=tb,
-        vocab_size=vocab_size,
-        stop_token_ids=stops,
-        special_token_ids=special,
-        vocab_type=vt,
-        add_prefix_space=bool(aps),
-        hf_tokenizer=hf_tokenizer,
-        encode_fn=encode_fn,
-        special_token_text=texts,
-        _strict_stops=strict,
-    )
+    return info_fields(tb, special_token_ids=special, special_token_text=texts, vocab_type=vt,
+                       add_prefix_space=bool(aps), hf_tokenizer=hf_tokenizer, encode_fn=encode_fn,
+                       vocab_size=vocab_size, stop_token_ids=stop_token_ids,
+                       find_stops=lambda: detect_stops(names, eos_ids))
 
 
 # ---------------------------------------------------------------------------------------------- helpers

@@ -8,6 +8,7 @@ from typing import Any, Iterable, Mapping
 
 from ...errors import TokenizerError
 from ..vocab import detect_stops
+from .fields import info_fields
 
 
 def is_tiktoken_encoding(obj: Any) -> bool:
@@ -86,23 +87,14 @@ def load_tiktoken(
             tb[i] = t
     texts = {int(i): name for name, i in specials.items()}
     names = dict(specials)
-    if stop_token_ids is not None:
-        stops, strict = [int(i) for i in stop_token_ids], True
-    else:
+
+    def find_stops():
         eos = [int(getattr(hf, "eot_token"))] if hf is not None and getattr(hf, "eot_token", None) is not None else []
-        stops, strict = detect_stops(names, eos), False
-    return dict(
-        token_bytes=tb,
-        vocab_size=vocab_size,
-        stop_token_ids=stops,
-        special_token_ids=special_ids,
-        vocab_type="raw",
-        add_prefix_space=False,
-        hf_tokenizer=hf,
-        encode_fn=encode_fn,
-        special_token_text=texts,
-        _strict_stops=strict,
-    )
+        return detect_stops(names, eos)
+
+    return info_fields(tb, special_token_ids=special_ids, special_token_text=texts, vocab_type="raw",
+                       add_prefix_space=False, hf_tokenizer=hf, encode_fn=encode_fn,
+                       vocab_size=vocab_size, stop_token_ids=stop_token_ids, find_stops=find_stops)
 
 
 __all__ = ["is_tiktoken_encoding", "load_tiktoken"]
