@@ -581,3 +581,39 @@ def test_toktrie_random():
     trie = TokTrie.build(deep)
     check_trie(trie, deep)
     assert trie.max_depth == 1499 and trie.n_nodes == 1501
+
+
+# ---------------------------------------------------------------------------------------------- module layout
+def test_as_id_list_one_copy():
+    """``eos_token_id``-style values (config JSON, transformers attributes, arrays) as an id list."""
+    from grammask.adapters import transformers_backend
+    from grammask.grammar.vocab import as_id_list
+
+    assert transformers_backend.as_id_list is as_id_list
+    assert as_id_list(None) == [] and as_id_list(7) == [7] and as_id_list(np.int64(7)) == [7]
+    assert as_id_list([1, None, np.int32(2)]) == [1, 2] and as_id_list((3,)) == [3]
+    assert as_id_list(np.array([4, 5])) == [4, 5] and as_id_list(np.array(6)) == [6]
+    assert as_id_list(2.5) == [] and as_id_list(object()) == []
+
+
+def test_loaders_do_not_import_tokenizer_info():
+    """The loaders and ``vocab`` sit below ``tokenizer_info`` (no import cycle); its public helpers stay."""
+    import ast
+
+    import grammask.grammar.tokenizer_info as ti
+    import grammask.grammar.tokenizer_loaders as loaders
+    import grammask.grammar.vocab as vocab
+
+    files = [Path(vocab.__file__)] + sorted(Path(loaders.__file__).parent.glob("*.py"))
+    for f in files:
+        for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""] + [a.name for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            assert not any("tokenizer_info" in n for n in names), (f.name, ast.dump(node))
+    assert ti.read_gguf_metadata is loaders.read_gguf_metadata
+    for name in ("bytes_to_unicode", "decode_token", "guess_vocab_type", "is_control_token", "VOCAB_TYPES", "STOP_TOKEN_NAMES"):
+        assert getattr(ti, name) is getattr(vocab, name)

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from ..errors import GrammaskError
+from ..grammar.vocab import as_id_list
 from .models import EMBEDDED_MODEL_NAME, ModelNotFoundError, cache_root, embedded_model_path
 
 logger = logging.getLogger(__name__)
@@ -149,21 +150,6 @@ def resolve_dtype(dtype: Any, device: Any) -> Any:
         if name is not None:
             return getattr(torch, name)
     raise ModelLoadError(f"unsupported dtype {dtype!r}; use a torch.dtype, 'auto', 'float32', 'bfloat16' or 'float16'")
-
-
-def _as_id_list(x: Any) -> list[int]:
-    if x is None:
-        return []
-    if isinstance(x, int):
-        return [x]
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    if isinstance(x, int):
-        return [x]
-    try:
-        return [int(i) for i in x if i is not None]
-    except TypeError:
-        return []
 
 
 def _chat_ids(out: Any) -> list[int]:
@@ -388,9 +374,9 @@ class TransformersBackend:
         self.vocab_size = _logits_width(model)
         self.max_context = _max_context(model.config, tokenizer)
 
-        eos = set(_as_id_list(getattr(tokenizer, "eos_token_id", None)))
+        eos = set(as_id_list(getattr(tokenizer, "eos_token_id", None)))
         gen = getattr(model, "generation_config", None)
-        eos.update(_as_id_list(getattr(gen, "eos_token_id", None)))
+        eos.update(as_id_list(getattr(gen, "eos_token_id", None)))
         eos = {i for i in eos if 0 <= i < self.vocab_size}
         if tokenizer_info is None:
             tokenizer_info = TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
