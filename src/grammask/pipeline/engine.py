@@ -2,7 +2,8 @@
 
 ::
 
-    engine = await AsyncEngine.create()            # embedded SmolLM2-135M-Instruct, CPU or CUDA
+    engine = await create_engine()                 # grammask.adapters.models: embedded SmolLM2-135M-Instruct
+    engine = await AsyncEngine.create(backend)     # or over a ready ModelBackend
     r = await engine.chat.completions.create(messages=[...], response_format={"type": "json_object"})
     async for chunk in await engine.chat.completions.create(messages=[...], stream=True): ...
     engine.interrupt(request_id)
@@ -169,15 +170,13 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    async def create(cls, model=None, device: str = "auto", *, warmup: bool = True, **kwargs) -> "AsyncEngine":
-        """``model``: None (the embedded SmolLM2-135M-Instruct), a GGUF file or model folder, a
-        Hugging Face model id, or a ready backend object (:class:`~.backend.ModelBackend`)."""
-        if model is not None and not isinstance(model, (str, os.PathLike)):
-            backend = model
-        else:
-            from ..adapters.transformers_backend import TransformersBackend
-
-            backend = await anyio.to_thread.run_sync(lambda: TransformersBackend.load(model, device=device))
+    async def create(cls, backend=None, *, warmup: bool = True, **kwargs) -> "AsyncEngine":
+        """An engine over ``backend`` (a :class:`~.backend.ModelBackend`), warmed up in a worker
+        thread. Loading a model (the embedded SmolLM2-135M-Instruct, a GGUF file or model folder,
+        a Hugging Face id) is the adapters' job: :func:`grammask.adapters.models.create_engine`."""
+        if backend is None or isinstance(backend, (str, os.PathLike)):
+            raise TypeError("AsyncEngine.create needs a model backend; load a model by name or path with "
+                            "grammask.adapters.models.create_engine(model, device=...)")
         engine = cls(backend, **kwargs)
         if warmup:
             await anyio.to_thread.run_sync(engine._warmup)
