@@ -430,14 +430,14 @@ async def amain(args) -> str:
 
     default_threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    from grammask.adapters.models import create_engine
     from grammask.pipeline import AsyncEngine
 
     prompts = PROMPTS[: args.prompts]
     t0 = time.perf_counter()
-    engine = await AsyncEngine.create(model=None, device=args.device, fast_forward=True, trace=True)
+    engine = await create_engine(model=None, device=args.device, fast_forward=True, trace=True)
     load_s = time.perf_counter() - t0
-    compact = await AsyncEngine.create(model=engine.backend, fast_forward=True, trace=True,
-                                       json_whitespace="compact")
+    compact = await AsyncEngine.create(engine.backend, fast_forward=True, trace=True, json_whitespace="compact")
     engines = {"flexible": engine, "compact": compact}
     backend = engine.backend
     prompt_tokens = {p["name"]: list(backend.apply_chat_template(messages_of(p), add_generation_prompt=True))

@@ -10,7 +10,7 @@ import sys
 
 import anyio
 
-from grammask.pipeline import AsyncEngine
+from grammask.adapters.models import create_engine
 
 TEXT = ("Hi, I'm Maria Lopez, a 34 year old software engineer living in Madrid. "
         "I love hiking, chess and cooking. You can reach me at maria.lopez@example.com.")
@@ -34,7 +34,7 @@ async def main() -> int:
     import jsonschema
 
     print("loading the embedded model (SmolLM2-135M-Instruct)...", file=sys.stderr)
-    engine = await AsyncEngine.create()
+    engine = await create_engine()
     try:
         reply = await engine.chat.completions.create(
             messages=[

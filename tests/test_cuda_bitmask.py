@@ -1,5 +1,5 @@
-"""Bitmask application on accelerator tensors (grammask.adapters.cuda_bitmask) against the CPU
-reference (grammask.grammar.bitmask, numpy). The torch path runs everywhere; the Triton kernel runs
+"""Bitmask application on torch tensors (grammask.grammar.kernels) against the CPU reference
+(grammask.grammar.bitmask, numpy). The torch path runs everywhere; the Triton kernel runs
 through Triton's interpreter on the CPU (a subprocess: TRITON_INTERPRET must be set before the
 import), and natively on CUDA when a GPU is there."""
 from __future__ import annotations
@@ -15,11 +15,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from grammask.adapters.cuda_bitmask import (  # noqa: E402
-    apply_token_bitmask_inplace_cuda,
-    apply_token_bitmask_inplace_torch,
-    triton_available,
+from grammask.grammar.kernels.apply import (  # noqa: E402
+    apply_token_bitmask_inplace_tensor as apply_token_bitmask_inplace_cuda,
 )
+from grammask.grammar.kernels.torch_ops import apply_token_bitmask_inplace_torch  # noqa: E402
+from grammask.grammar.kernels.triton_kernel import triton_available  # noqa: E402
 from grammask.errors import MatcherError  # noqa: E402
 from grammask.grammar.bitmask import apply_token_bitmask_inplace  # noqa: E402
 
@@ -88,12 +88,50 @@ def test_errors():
         apply_token_bitmask_inplace_cuda(t, np.zeros((3, 2), np.int32), backend="torch")
 
 
+@pytest.mark.parametrize("backend", ["cpu", "torch", "auto"])
+def test_row_count_rule_on_every_cpu_path(backend):
+    """Fewer bitmask rows than logits rows: the first rows are masked, the others left alone. More:
+    MatcherError. The same on the Numba path ("cpu"), the torch-ops path, and numpy arrays."""
+    lg, bm = make(3, 100, 4)
+    ref = lg.copy()
+    apply_token_bitmask_inplace(ref[:2], bm[:2])
+    t = torch.from_numpy(lg.copy())
+    apply_token_bitmask_inplace_cuda(t, bm[:2], backend=backend)
+    np.testing.assert_array_equal(t.numpy(), ref)
+    np.testing.assert_array_equal(t.numpy()[2], lg[2])
+    with pytest.raises(MatcherError):
+        apply_token_bitmask_inplace_cuda(torch.from_numpy(lg[:2].copy()), bm, backend=backend)
+    for logits in (lg[:2].copy(), torch.from_numpy(lg[:2].copy()), torch.from_numpy(lg[:2].copy()).half()):
+        with pytest.raises(MatcherError):
+            apply_token_bitmask_inplace(logits, bm)
+    with pytest.raises(MatcherError):  # the numpy fallback (a dtype the Numba kernel does not take)
+        apply_token_bitmask_inplace(lg[:2].astype(np.float16), bm)
+
+
+def test_cpu_backend_errors():
+    lg, bm = make(2, 100, 4)
+    with pytest.raises(MatcherError):  # half precision is not the Numba kernel's
+        apply_token_bitmask_inplace_cuda(torch.from_numpy(lg).half(), bm, backend="cpu")
+    with pytest.raises(MatcherError):  # the Numba kernel does not check its indices: the caller does
+        apply_token_bitmask_inplace(lg.copy(), bm, indices=[2])
+    with pytest.raises(TypeError):
+        apply_token_bitmask_inplace_cuda(lg, bm)
+
+
+def test_the_adapters_path_still_exports_the_public_names():
+    from grammask.adapters import cuda_bitmask
+
+    assert cuda_bitmask.apply_token_bitmask_inplace_cuda is apply_token_bitmask_inplace_cuda
+    assert cuda_bitmask.apply_token_bitmask_inplace_torch is apply_token_bitmask_inplace_torch
+    assert cuda_bitmask.triton_available is triton_available
+
+
 @pytest.mark.skipif(not HAVE_TRITON, reason="triton is not installed")
 def test_triton_kernel_in_the_interpreter_matches_cpu_reference():
     """The kernel's logic, run by Triton's CPU interpreter on CPU tensors."""
     code = textwrap.dedent("""
         import numpy as np, torch
-        from grammask.adapters import cuda_bitmask as cb
+        from grammask.grammar.kernels import triton_kernel as cb
         from grammask.grammar.bitmask import apply_token_bitmask_inplace
         rng = np.random.default_rng(1)
         cases = [(3, 1000, 32, None, None), (4, 5000, 150, 4700, [0, 2]), (1, 70, 3, None, None),
@@ -105,10 +143,10 @@ def test_triton_kernel_in_the_interpreter_matches_cpu_reference():
             apply_token_bitmask_inplace(ref, bm, vocab_size=vs, indices=idx)
             for block in (256, 1024):
                 t = torch.from_numpy(lg.copy())
-                cb._apply_triton(t, torch.from_numpy(bm), vs, idx, block_size=block)
+                cb.apply_triton(t, torch.from_numpy(bm), vs, idx, block_size=block)
                 assert np.array_equal(t.numpy(), ref), (B, V, W, vs, idx, block)
             t = torch.from_numpy(lg.copy()).to(torch.float16)
-            cb._apply_triton(t, torch.from_numpy(bm), vs, idx, block_size=256)
+            cb.apply_triton(t, torch.from_numpy(bm), vs, idx, block_size=256)
             assert np.array_equal(torch.isinf(t).numpy(), np.isinf(ref)), ("fp16", B, V)
         print("ok")
     """)

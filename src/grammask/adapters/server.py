@@ -251,10 +251,10 @@ class GrammaskServer:
             self._start_lock = anyio.Lock()
         async with self._start_lock:
             if self._engine is None:
-                from ..pipeline import AsyncEngine
+                from .models import create_engine
 
                 logger.info("starting the engine (model %s, device %s)", self.model or "embedded", self.device)
-                self._engine = await AsyncEngine.create(model=self.model, device=self.device, **self.engine_kwargs)
+                self._engine = await create_engine(self.model, self.device, **self.engine_kwargs)
                 self._apply_name()
         return self._engine
 

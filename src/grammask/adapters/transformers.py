@@ -14,7 +14,7 @@ others). ``tokenizer`` is a ``transformers`` tokenizer or a :class:`~grammask.gr
 
 Batch aware: one :class:`~grammask.grammar.matcher.GrammarMatcher` per row of ``input_ids``; the
 rows' masks are filled (in threads with ``parallel=True``) and applied on the logits' device (a Triton kernel on
-CUDA, see :mod:`.cuda_bitmask`). Every row accepts the token it got at the previous step; the
+CUDA, see :mod:`grammask.grammar.kernels`). Every row accepts the token it got at the previous step; the
 grammar state of a row is a function of its generated tokens, so beam search (rows reordered
 between steps) is followed by matching each row to the row it grew from. A row whose grammar has
 ended (stop token accepted) is only offered stop tokens; so is a row that got a token the

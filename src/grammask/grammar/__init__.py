@@ -3,8 +3,10 @@
 Modules, one per concept: ``regexset`` (regex derivatives), ``regex`` (ECMA regex syntax),
 ``lexer`` (lazy lexer DFA), ``cfg`` (grammar IR and lowering to lexemes), ``earley`` (parser
 rows), ``mask`` (trie-walk kernel), ``slicer`` (precomputed masks), ``ebnf`` (GBNF front end),
-``builtin`` (JSON grammars), ``json_schema`` (JSON Schema front end), ``tokenizer_info`` and
-``toktrie`` (vocabulary), ``compiler``/``compiled``/``matcher`` (public objects), ``bitmask``.
+``builtin`` (JSON grammars), ``json_schema`` (JSON Schema front end), ``structural_tag`` (free
+text and tagged JSON), ``tokenizer_info`` and ``toktrie`` (vocabulary), ``compiler``/``compiled``/
+``matcher`` (public objects), ``cache`` (the compiler's LRU of compiled grammars), ``bitmask`` (its
+application kernels in ``kernels``: one module per backend), ``utf8``.
 """
 from .jit_cache import invalidate_stale_kernel_cache
 

@@ -1,17 +1,20 @@
-"""GrammarCompiler: EBNF, regex, builtin JSON and JSON Schema to :class:`CompiledGrammar`, cached.
+"""GrammarCompiler: EBNF, regex, builtin JSON, JSON Schema and structural tags to
+:class:`CompiledGrammar`, cached.
 
 Mirrors xgrammar's ``GrammarCompiler``. Thread-safe: concurrent requests for the same grammar
-compile it once (the others wait for it); compiled grammars are kept in an LRU cache keyed by
-``(kind, canonical text, options)``.
+compile it once (the others wait for it); compiled grammars are kept in the compiler's LRU cache
+(:class:`~.cache.GrammarCache`) keyed by ``(kind, canonical text, options)``. A caller with its own
+notion of "the same grammar" (the chat engine: a request's ``response_format``) caches under its
+own key with :meth:`GrammarCompiler.get_or_compile`; compiles run inside it are not cached again.
 """
 from __future__ import annotations
 
-import json
 import threading
-from collections import OrderedDict
-from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Callable
 
 from .builtin import DEFAULT_MAX_WHITESPACE, json_grammar
+from .cache import GrammarCache
 from .cfg import Grammar
 from .compiled import CompiledGrammar
 from .regexset import ExprSet
@@ -26,11 +29,10 @@ class GrammarCompiler:
         self.tokenizer_info = tokenizer_info
         self.cache_size = cache_size
         self.cache_enabled = cache_enabled and cache_size > 0
-        self._cache: OrderedDict[tuple, Future] = OrderedDict()
+        self.cache = GrammarCache(cache_size if self.cache_enabled else 0)
         self._lock = threading.Lock()
+        self._local = threading.local()   # .depth: inside get_or_compile / uncached() in this thread
         self._exprs = ExprSet()
-        self.hits = 0
-        self.misses = 0
 
     def _shared_exprs(self) -> ExprSet:
         """The ExprSet every grammar of this compiler is built in: derivatives, lexer transitions
@@ -42,42 +44,45 @@ class GrammarCompiler:
             return self._exprs
 
     # ------------------------------------------------------------------ cache
-    def _cached(self, key: tuple, build) -> CompiledGrammar:
-        if not self.cache_enabled:
-            return build()
-        with self._lock:
-            fut = self._cache.get(key)
-            if fut is not None:
-                self._cache.move_to_end(key)
-                self.hits += 1
-                owner = False
-            else:
-                fut = Future()
-                self._cache[key] = fut
-                self.misses += 1
-                owner = True
-                while len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)
-        if not owner:
-            return fut.result()
+    def get_or_compile(self, key: tuple, build: Callable[[], CompiledGrammar]) -> tuple[CompiledGrammar, bool]:
+        """``(compiled grammar, hit)`` from the cache under the caller's ``key`` (a tuple that
+        separates everything that changes the grammar); ``build`` runs in the caller's thread on a
+        miss, and the compiles it runs through this compiler are not cached under their own keys.
+        With ``cache_size=0`` every call builds (and counts a miss)."""
+        with self.uncached():
+            return self.cache.get_or_compile(key, build)
+
+    @contextmanager
+    def uncached(self):
+        """Compiles through this compiler in this thread, inside the block, skip the cache."""
+        self._local.depth = getattr(self._local, "depth", 0) + 1
         try:
-            cg = build()
-        except BaseException as e:
-            with self._lock:
-                if self._cache.get(key) is fut:
-                    del self._cache[key]
-            fut.set_exception(e)
-            raise
-        fut.set_result(cg)
-        return cg
+            yield self
+        finally:
+            self._local.depth -= 1
+
+    def _caching(self) -> bool:
+        return self.cache_enabled and not getattr(self._local, "depth", 0)
+
+    def _cached(self, key: tuple, build) -> CompiledGrammar:
+        if not self._caching():
+            return build()
+        return self.cache.get_or_compile(key, build)[0]
 
     def clear_cache(self) -> None:
-        with self._lock:
-            self._cache.clear()
+        self.cache.clear()
+
+    @property
+    def hits(self) -> int:
+        return self.cache.hits
+
+    @property
+    def misses(self) -> int:
+        return self.cache.misses
 
     @property
     def cache_info(self) -> dict:
-        return {"size": len(self._cache), "hits": self.hits, "misses": self.misses}
+        return {"size": len(self.cache), "hits": self.hits, "misses": self.misses}
 
     # ------------------------------------------------------------------ front ends
     def compile_grammar(self, ebnf: str | Grammar, root: str = "root") -> CompiledGrammar:
@@ -146,7 +151,7 @@ class GrammarCompiler:
         schema_obj = normalize_schema_input(schema)
         # the canonical text is the cache key (and the grammar's ``source``, computed on demand
         # when there is no cache: for big schemas it costs about as much as a compile step)
-        text = canonical_schema_text(schema_obj) if self.cache_enabled else None
+        text = canonical_schema_text(schema_obj) if self._caching() else None
         opts = (whitespace, max_whitespace, strict, lenient, indent, unordered)
 
         def build():
@@ -159,3 +164,18 @@ class GrammarCompiler:
                                        source=text if text is not None else (lambda: canonical_schema_text(schema_obj)))
 
         return self._cached(("json_schema", text, opts), build)
+
+    def compile_structural_tag(self, spec, *, strict: bool = False, whitespace: str = "flexible") -> CompiledGrammar:
+        """Free text interleaved with tagged JSON bodies (a :class:`~.structural_tag.TagSpec`:
+        structures ``(begin, schema, end)``, triggers, mode); see :mod:`.structural_tag`.
+        ``strict`` and ``whitespace`` apply to the bodies' JSON Schemas."""
+        from .structural_tag import structural_tag_grammar
+
+        canonical = spec.canonical()
+
+        def build():
+            g = structural_tag_grammar(spec, strict=strict, whitespace=whitespace)
+            return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False, kind="structural_tag",
+                                   source=canonical)
+
+        return self._cached(("structural_tag", canonical, whitespace, strict), build)

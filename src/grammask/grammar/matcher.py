@@ -221,19 +221,7 @@ class GrammarMatcher:
         return len(self._history)
 
 
-def _utf8_prefix(data: bytes) -> bytes:
-    """Drop an incomplete UTF-8 sequence at the end."""
-    i = len(data)
-    k = 0
-    while i > 0 and k < 4 and (data[i - 1] & 0xC0) == 0x80:
-        i -= 1
-        k += 1
-    if i > 0:
-        lead = data[i - 1]
-        need = 1 if lead < 0x80 else 2 if lead >> 5 == 6 else 3 if lead >> 4 == 14 else 4 if lead >> 3 == 30 else 1
-        if need != k + 1:
-            return data[: i - 1]
-    return data
+from .utf8 import utf8_prefix as _utf8_prefix  # noqa: E402
 
 
 def _row_words(bitmask, index: int) -> np.ndarray:

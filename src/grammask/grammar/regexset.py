@@ -692,6 +692,46 @@ class ExprSet:
             out.append(_lowbit(m))
         return bytes(out)
 
+    # ------------------------------------------------------------------ copying between sets
+    def import_expr(self, src: "ExprSet", e: int, memo: dict[int, int]) -> int:
+        """Rebuild expression ``e`` of ``src`` in this set and return its id here (iteratively:
+        literals can be long). ``memo`` maps ``src`` ids to ids here; pass the same dict for every
+        expression of one import so shared nodes are rebuilt once."""
+        if e in memo:
+            return memo[e]
+        stack = [(e, False)]
+        while stack:
+            x, ready = stack.pop()
+            if x in memo:
+                continue
+            k = src.kind[x]
+            args = src.args[x]
+            if k == EMPTY:
+                memo[x] = EMPTY
+                continue
+            if k == EPS:
+                memo[x] = EPS
+                continue
+            if k == BYTES:
+                memo[x] = self.byteset(args[0])
+                continue
+            kids = (args[0],) if k in (NOT, REPEAT) else tuple(args)
+            if not ready:
+                stack.append((x, True))
+                stack.extend((c, False) for c in kids if c not in memo)
+                continue
+            if k == CONCAT:
+                memo[x] = self.concat(memo[args[0]], memo[args[1]])
+            elif k == OR:
+                memo[x] = self.alt(*[memo[c] for c in args])
+            elif k == AND:
+                memo[x] = self.intersect(*[memo[c] for c in args])
+            elif k == NOT:
+                memo[x] = self.complement(memo[args[0]])
+            else:  # REPEAT
+                memo[x] = self.repeat(memo[args[0]], args[1], args[2])
+        return memo[e]
+
     # ------------------------------------------------------------------ debugging
     def to_str(self, e: int, depth: int = 0) -> str:
         k = self.kind[e]

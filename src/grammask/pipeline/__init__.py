@@ -1,8 +1,8 @@
 """The async chat pipeline: :class:`AsyncEngine` (web-llm's MLCEngine / the OpenAI client, in-process).
 
 Modules: ``backend`` (the model protocol), ``protocol`` (pydantic requests/responses),
-``response_format`` (validation, canonical cache keys, compile), ``grammar_cache`` (LRU of
-compiled grammars), ``structural_tag`` (tags and tools), ``sampling`` (penalties, temperature,
+``response_format`` (validation, canonical cache keys, compile; the cache is the grammar
+compiler's), ``structural_tag`` (tools as structural tags), ``sampling`` (penalties, temperature,
 top-p/top-k, seeded draws, logprobs), ``fast_forward`` (canonical forced tokens), ``streaming``
 (UTF-8 safe deltas, stop strings), ``engine`` (admission, batched steps, streams), ``scripted``
 (a deterministic backend for tests).

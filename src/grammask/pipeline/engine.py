@@ -2,7 +2,8 @@
 
 ::
 
-    engine = await AsyncEngine.create()            # embedded SmolLM2-135M-Instruct, CPU or CUDA
+    engine = await create_engine()                 # grammask.adapters.models: embedded SmolLM2-135M-Instruct
+    engine = await AsyncEngine.create(backend)     # or over a ready ModelBackend
     r = await engine.chat.completions.create(messages=[...], response_format={"type": "json_object"})
     async for chunk in await engine.chat.completions.create(messages=[...], stream=True): ...
     engine.interrupt(request_id)
@@ -49,7 +50,6 @@ from ..grammar.bitmask import apply_token_bitmask_inplace, bitmask_words
 from ..grammar.compiler import GrammarCompiler
 from ..grammar.matcher import GrammarMatcher
 from .fast_forward import forced_tokens, token_index
-from .grammar_cache import GrammarCache
 from .protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -147,8 +147,9 @@ class AsyncEngine:
         self.backend = backend
         self.tokenizer_info = backend.tokenizer_info
         self.model_name = getattr(backend, "name", "model")
-        self.compiler = GrammarCompiler(self.tokenizer_info, cache_size=0)
-        self.grammar_cache = GrammarCache(cache_size)
+        # the one grammar cache is the compiler's: requests are cached under their spec's key
+        self.compiler = GrammarCompiler(self.tokenizer_info, cache_size=cache_size)
+        self.grammar_cache = self.compiler.cache
         self.fast_forward = fast_forward
         self.max_batch = max(1, max_batch)
         self.json_whitespace = json_whitespace
@@ -169,15 +170,13 @@ class AsyncEngine:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    async def create(cls, model=None, device: str = "auto", *, warmup: bool = True, **kwargs) -> "AsyncEngine":
-        """``model``: None (the embedded SmolLM2-135M-Instruct), a GGUF file or model folder, a
-        Hugging Face model id, or a ready backend object (:class:`~.backend.ModelBackend`)."""
-        if model is not None and not isinstance(model, (str, os.PathLike)):
-            backend = model
-        else:
-            from ..adapters.transformers_backend import TransformersBackend
-
-            backend = await anyio.to_thread.run_sync(lambda: TransformersBackend.load(model, device=device))
+    async def create(cls, backend=None, *, warmup: bool = True, **kwargs) -> "AsyncEngine":
+        """An engine over ``backend`` (a :class:`~.backend.ModelBackend`), warmed up in a worker
+        thread. Loading a model (the embedded SmolLM2-135M-Instruct, a GGUF file or model folder,
+        a Hugging Face id) is the adapters' job: :func:`grammask.adapters.models.create_engine`."""
+        if backend is None or isinstance(backend, (str, os.PathLike)):
+            raise TypeError("AsyncEngine.create needs a model backend; load a model by name or path with "
+                            "grammask.adapters.models.create_engine(model, device=...)")
         engine = cls(backend, **kwargs)
         if warmup:
             await anyio.to_thread.run_sync(engine._warmup)
@@ -185,7 +184,8 @@ class AsyncEngine:
 
     def _warmup(self) -> None:
         """Build the tokenizer's trie and slice forest and JIT-load the kernels (once)."""
-        cg = self.compiler.compile_builtin_json_grammar(object_only=True)
+        with self.compiler.uncached():  # not a request: leaves the cache and its statistics alone
+            cg = self.compiler.compile_builtin_json_grammar(object_only=True)
         m = GrammarMatcher(cg, stop_token_ids=self._matcher_stops)
         bm = np.zeros((1, bitmask_words(self.tokenizer_info.vocab_size)), np.int32)
         m.fill_next_token_bitmask(bm, 0)
@@ -323,7 +323,7 @@ class AsyncEngine:
 
         def work():
             t0 = time.perf_counter()
-            cg, hit = self.grammar_cache.get_or_compile(key, lambda: self._compile_fn(r.spec, self.compiler))
+            cg, hit = self.compiler.get_or_compile(key, lambda: self._compile_fn(r.spec, self.compiler))
             matchers = [GrammarMatcher(cg, stop_token_ids=self._matcher_stops) for _ in range(n)]
             return matchers, hit, t0, time.perf_counter()
 

@@ -18,7 +18,8 @@ import threading
 import weakref
 from typing import Callable, Sequence
 
-from ..grammar.matcher import GrammarMatcher, _utf8_prefix
+from ..grammar.matcher import GrammarMatcher
+from ..grammar.utf8 import utf8_prefix
 
 MAX_TOKENS_BACK = 4
 #: grammar checks per call before giving up (and cutting, which is always safe)
@@ -61,7 +62,7 @@ def forced_tokens(matcher: GrammarMatcher, encode: Callable[[str], list[int]], *
     the caller accepts them). ``[]`` when nothing is forced or nothing can be forced safely."""
     if limit is not None and limit <= 0:
         return []
-    forced = _utf8_prefix(matcher.find_jump_forward_bytes())
+    forced = utf8_prefix(matcher.find_jump_forward_bytes())
     if not forced:
         return []
     info = matcher.tokenizer_info

@@ -3,8 +3,9 @@
 :func:`grammar_spec` turns a validated request into a :class:`GrammarSpec` (``None`` for free
 text). The spec's :attr:`~GrammarSpec.canonical` text is the same for equal inputs (schemas are
 dumped with sorted keys), so ``(kind, canonical, options, tokenizer)`` is a sound cache key.
-:func:`compile_spec` builds the :class:`~grammask.grammar.compiled.CompiledGrammar`; it is what
-runs in a worker thread while the prompt is prefilled.
+:func:`compile_spec` has the :class:`~grammask.grammar.compiler.GrammarCompiler` build the
+:class:`~grammask.grammar.compiled.CompiledGrammar`; it is what runs in a worker thread while the
+prompt is prefilled.
 
 Kinds::
 
@@ -16,7 +17,8 @@ Kinds::
                      OpenAI structured outputs: every property required, no additional ones
     grammar          EBNF/GBNF text, root rule ``root``
     regex            ECMA-262 regex over the whole output
-    structural_tag   free text and tags (:mod:`.structural_tag`); also what ``tools`` become
+    structural_tag   free text and tags (:mod:`grammask.grammar.structural_tag`); also what
+                     ``tools`` become (:mod:`.structural_tag`)
 """
 from __future__ import annotations
 
@@ -25,8 +27,9 @@ from dataclasses import dataclass, field
 
 from ..errors import InvalidSchemaError
 from ..grammar.compiled import CompiledGrammar
+from ..grammar.structural_tag import TagSpec, TagStructure
 from .protocol import ChatCompletionRequest
-from .structural_tag import TagSpec, TagStructure, structural_tag_grammar, tools_tag_spec
+from .structural_tag import tools_tag_spec
 
 
 def _canon_json(obj) -> str:
@@ -107,12 +110,6 @@ def compile_spec(spec: GrammarSpec, compiler) -> CompiledGrammar:
         schema = spec.payload
         if schema is True or schema == {}:
             return compiler.compile_builtin_json_grammar(whitespace=whitespace)
-        try:
-            import grammask.grammar.json_schema  # noqa: F401
-        except ImportError:
-            if schema == {"type": "object"}:
-                return compiler.compile_builtin_json_grammar(whitespace=whitespace, object_only=True)
-            raise
         return compiler.compile_json_schema(schema, whitespace=whitespace, strict=strict)
     if spec.kind == "grammar":
         return compiler.compile_grammar(spec.canonical)
@@ -120,7 +117,5 @@ def compile_spec(spec: GrammarSpec, compiler) -> CompiledGrammar:
         return compiler.compile_regex(spec.canonical)
     if spec.kind == "structural_tag":
         tag, strict = spec.payload
-        g = structural_tag_grammar(tag, strict=strict, whitespace=spec.options[0])
-        return CompiledGrammar(g, compiler.tokenizer_info, check_lexemes=False, kind="structural_tag",
-                               source=spec.canonical)
+        return compiler.compile_structural_tag(tag, strict=strict, whitespace=spec.options[0])
     raise ValueError(f"unknown grammar kind {spec.kind!r}")

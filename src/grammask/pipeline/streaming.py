@@ -7,7 +7,7 @@ a stop string (or of a tool-call trigger) that later bytes could complete.
 """
 from __future__ import annotations
 
-from ..grammar.matcher import _utf8_prefix
+from ..grammar.utf8 import utf8_prefix
 
 
 def _held_suffix(text: str, patterns: list[str]) -> int:
@@ -38,7 +38,7 @@ class TextAssembler:
         if self.stopped or self.finished or not data:
             return self.stopped
         self._pending += data
-        cut = len(_utf8_prefix(bytes(self._pending)))
+        cut = len(utf8_prefix(bytes(self._pending)))
         if cut:
             self.text += self._pending[:cut].decode("utf-8", errors="replace")
             del self._pending[:cut]

@@ -1,5 +1,8 @@
-"""LRU cache of compiled grammars, keyed by ``(kind, canonical spec, options, tokenizer key)``.
+"""The LRU cache of compiled grammars (one per :class:`~.compiler.GrammarCompiler`, which owns it).
 
+Keys are tuples that separate everything that changes the grammar: the compiler's front ends use
+``(kind, canonical text, options)``; the chat engine caches whole requests' grammars under
+``(kind, canonical spec, options, tokenizer key)`` through :meth:`~.compiler.GrammarCompiler.get_or_compile`.
 Thread-safe; concurrent requests for the same grammar compile it once (the others wait on the
 first one's future). A failed compile is not cached. A :class:`CompiledGrammar` is immutable
 apart from its lexer, which only grows (under its own lock), so one compiled grammar serves any
@@ -12,7 +15,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
-from ..grammar.compiled import CompiledGrammar
+from .compiled import CompiledGrammar
 
 
 class GrammarCache:
