@@ -103,6 +103,13 @@ def step_slow(b, s, h, cache_top, G, L, P, M):
 
 
 @njit(nogil=True, cache=True)
+def _step_slow_call(b, s, h, cache_top, G, L, P, M):
+    """:func:`step_slow` as a real call, for :func:`walk_trie`: inlined there, its body (four
+    structures of arrays) made the walk's hot loop about 10% slower; the call is taken rarely."""
+    return step_slow(b, s, h, cache_top, G, L, P, M)
+
+
+@njit(nogil=True, cache=True)
 def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
     """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
     rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
@@ -161,7 +168,7 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
                     if t >= 0:
                         h += 1
         if t < 0:
-            st, t, h, cache_top = step_slow(b, s, h, cache_top, G, L, P, M)
+            st, t, h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
             if st != OK:
                 if st == REJECT:
                     i = node_end[i]
