@@ -3,14 +3,16 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-
 from ..errors import GrammarError
 from .cfg import FlatGrammar, Grammar, lower
-from .earley import GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, ParseStack, compute_row
+from .earley import (GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT, MissingRequests, ParseStack,
+                     grammar_tables, initial_row, new_missing)
 from .lexer import Lexer
+from .mask import FastCall
 
+#: calls of one kernel (with Python's work between them) before :meth:`CompiledGrammar.run` gives up
 MAX_RESOLVE_ROUNDS = 100_000
+_initial_row = FastCall(initial_row)
 
 
 class CompiledGrammar:
@@ -26,14 +28,14 @@ class CompiledGrammar:
         self.exprs = grammar.exprs
         self.flat: FlatGrammar = lower(grammar, root, check_lexemes=check_lexemes)
         f = self.flat
-        self.G = (f.sym, f.end_lhs, f.prod_start, f.nt_prod_lo, f.nt_prod_hi,
-                  f.nt_nullable.astype(np.int32))
+        self.G = grammar_tables(f)
         self.lexer = Lexer(self.exprs, f.lexemes)
         # the initial row is the same for every matcher: build it once and warm the lexer up
         stack = ParseStack(f)
-        self._initial_row(stack)
+        self.run(_initial_row, stack, self.new_missing(f.n_lexemes), (), (),
+                 "internal error: initial parser row did not settle")
         self._template = stack   # every matcher starts from a copy (never written to)
-        self.initial_state = int(stack.row_ls[0])
+        self.initial_state = int(stack.arrays.row_ls[0])
         self.lexer.warm_up(self.initial_state, budget=64)
         self._forest = None
         self._slicer = None
@@ -63,61 +65,72 @@ class CompiledGrammar:
             self._slicer = SliceChecker(self.lexer, self.forest.patterns)
         return self._slicer
 
-    # ------------------------------------------------------------------ kernel plumbing
-    def lexer_arrays(self):
-        lx = self.lexer
-        return (lx.trans, lx.state_acc, lx.acc_off, lx.acc_lex, lx.st_vals), lx.st_keys
+    # ------------------------------------------------------------------ kernel driver
+    new_missing = staticmethod(new_missing)
 
-    @staticmethod
-    def new_missing(n_lex: int):
-        return (np.zeros(4096, np.int32), np.zeros(max(16, 4 * n_lex), np.int32),
-                np.zeros(65, np.int32), np.zeros(3, np.int32))
+    def run(self, kernel, stack: ParseStack, missing: MissingRequests, head: tuple, tail: tuple,
+            error: str = "internal error: a mask kernel did not settle"):
+        """Call ``kernel(*head, G, L, P, M, *tail)`` until it settles; return what it returned.
 
-    def resolve(self, status: int, stack: ParseStack, M) -> None:
+        ``G`` are this grammar's tables, ``L`` the lexer's current :class:`~.lexer.LexerTables`,
+        ``P`` the arrays of ``stack`` and ``M`` the request buffers ``missing`` (one per matcher).
+        The kernel returns a status, alone or first in a tuple:
+
+        ``OK``, ``REJECT``
+            settled: the result is returned as it is.
+        ``MISSING``
+            the kernel met lexer states that are not expanded (``trans`` says ``UNKNOWN``) or
+            allowed-lexeme sets with no start state yet, treated them as dead, and recorded
+            them: the states in ``M.states``, the sets' sorted lexemes in ``M.start_lex`` cut by
+            ``M.start_off`` (``M.counts`` holds how many of each; a full buffer drops the
+            request, the next round records it again). Python expands the states and registers
+            the sets (:meth:`resolve`), clears the buffers and calls again with the new
+            ``L``. The kernel also answers ``MISSING`` when it meets a state or lexeme set newer
+            than the ``L`` it was given (another matcher's thread grew the lexer meanwhile):
+            then there is nothing left to build, and calling again with the current ``L`` is
+            the progress. So a round need not build anything; every round either builds or
+            sees newer tables, and the lexer is finite.
+        ``GROW_ITEMS``, ``GROW_ROWS``, ``GROW_HASH``
+            a parse-stack array is full: :meth:`~.earley.ParseStack.grow` reallocates it (which
+            rebuilds ``P``) and the kernel is called again (kernels only ever write the stack
+            above the rows they were given, so a repeated call computes the same thing).
+
+        Past :data:`MAX_RESOLVE_ROUNDS` rounds without settling, :class:`GrammarError` with
+        ``error`` (an internal error: the lexer's state bound raises long before).
+        """
+        G = self.G
+        lexer = self.lexer
+        for _ in range(MAX_RESOLVE_ROUNDS):
+            r = kernel(*head, G, lexer.tables, stack.arrays, missing, *tail)
+            st = r[0] if isinstance(r, tuple) else r
+            if st == OK or st == REJECT:
+                return r
+            self.resolve(st, stack, missing)
+        raise GrammarError(error)
+
+    def resolve(self, status: int, stack: ParseStack, M: MissingRequests) -> None:
         """Act on a kernel's request: build missing lexer states/start sets, or grow arrays."""
         if status == MISSING:
-            cnt = M[3]
+            cnt = M.counts
             lx = self.lexer
-            progressed = False
-            for s in set(M[0][: cnt[0]].tolist()):
+            for s in set(M.states[: cnt[0]].tolist()):
                 if not lx.expanded[s]:
                     lx.expand(s, budget=0)
-                    progressed = True
-            off = M[2]
+            off = M.start_off
             for i in range(cnt[1]):
-                allowed = M[1][off[i]:off[i + 1]].tolist()
-                before = lx._n_start
-                lx.start_state(allowed)
-                progressed = progressed or lx._n_start != before
+                lx.start_state(M.start_lex[off[i]:off[i + 1]].tolist())
             cnt[:] = 0
             off[0] = 0
-            if not progressed:
-                # another thread may have built them meanwhile: that is progress too
-                return
         elif status in (GROW_ITEMS, GROW_ROWS, GROW_HASH):
             stack.grow(status)
         else:  # pragma: no cover - kernels return nothing else
             raise GrammarError(f"internal error: unexpected kernel status {status}")
-
-    def _initial_row(self, stack: ParseStack) -> None:
-        M = self.new_missing(self.flat.n_lexemes)
-        for _ in range(MAX_RESOLVE_ROUNDS):
-            L, st_keys = self.lexer_arrays()
-            st = compute_row(0, -1, self.G, L[2], L[3], st_keys, L[4], stack.P, stack.scratch, stack.hkeys, M)
-            if st == OK and stack.row_ls[0] >= 0:
-                return
-            if st == OK:
-                self.resolve(MISSING, stack, M)
-            else:
-                self.resolve(st, stack, M)
-        raise GrammarError("internal error: initial parser row did not settle")
 
     def new_stack(self) -> ParseStack:
         return self._template.copy()
 
     @property
     def memory_size_bytes(self) -> int:
-        f = self.flat
         lx = self.lexer
         return int(sum(a.nbytes for a in self.G) + lx.trans.nbytes + lx.state_acc.nbytes
                    + lx.st_keys.nbytes + lx.st_vals.nbytes)

@@ -16,10 +16,17 @@ popped row when the same lexemes are scanned again at the same height (``cache_t
 popped rows are still consistent with the rows below them). Nullable nonterminals are handled as
 in Aycock & Horspool: predicting a nullable nonterminal also advances over it.
 
-Kernels return a status; anything but ``OK``/``REJECT`` asks Python to act and call again:
-``MISSING`` (lexer states or start sets to build), ``GROW_*`` (an array is full).
+The arrays travel to the kernels as named tuples (Numba reads their fields by name): the grammar
+tables :class:`GrammarTables` (built once per compiled grammar), the parse stack
+:class:`ParseArrays` (rows, scratch and the item hash of one matcher, rebuilt when
+:meth:`ParseStack.grow` reallocates them), the lexer's :class:`~.lexer.LexerTables` and the
+requests of :class:`MissingRequests`. Kernels return a status; anything but ``OK``/``REJECT`` asks
+Python to act and call again: see :meth:`~.compiled.CompiledGrammar.run`, the one driver of that
+protocol.
 """
 from __future__ import annotations
+
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
@@ -28,26 +35,45 @@ from .lexer import lexeme_set_hash, lookup_start
 
 OK, REJECT, MISSING, GROW_ITEMS, GROW_ROWS, GROW_HASH = 0, 1, 2, 3, 4, 5
 
-# indices into the tuples handed to kernels
-# G: grammar tables
-G_SYM, G_END_LHS, G_PROD_START, G_NT_LO, G_NT_HI, G_NULLABLE = range(6)
-# P: parse stack
-P_POS, P_ORG, P_ROW_BEG, P_ROW_LS, P_ROW_KEY, P_ROW_ACC = range(6)
-# S: int32 scratch
-S_PRED, S_LEX_STAMP, S_LEX_MARK, S_ALLOWED, S_HSTAMP, S_INFO = range(6)
-# S_INFO slots: [0] stamp counter, [1] accept_pos, [2] start nonterminal
-# M: missing buffers: (states, start_lex, start_off, counts[3]: n_states, n_starts, n_lex)
+
+#: the grammar tables of :class:`~.cfg.FlatGrammar` (``nullable`` as int32)
+GrammarTables = namedtuple("GrammarTables", "sym end_lhs prod_start nt_lo nt_hi nullable")
+
+#: the arrays of one parse (see the module docstring for the rows), then int32 scratch:
+#: ``pred`` (per nonterminal: stamp of its last prediction), ``lex_stamp``/``lex_mark`` (per
+#: lexeme), ``allowed`` (the sorted allowed lexemes of a row), ``hstamp``/``hkeys`` (the item
+#: hash of the row being built: slot in use when its stamp is current), and
+#: ``info = [stamp counter, accept_pos, start nonterminal, unused]``
+ParseArrays = namedtuple("ParseArrays", "it_pos it_org row_beg row_ls row_key row_acc "
+                                        "pred lex_stamp lex_mark allowed hstamp info hkeys")
+
+#: what a kernel could not find (see :meth:`~.compiled.CompiledGrammar.run`): ``states``
+#: (lexer states to expand), ``start_lex``/``start_off`` (the lexeme lists of start sets to
+#: register, list ``i`` is ``start_lex[start_off[i]:start_off[i + 1]]``) and
+#: ``counts = [n states, n start sets, n lexemes in start_lex]``
+MissingRequests = namedtuple("MissingRequests", "states start_lex start_off counts")
+
+
+def new_missing(n_lex: int) -> MissingRequests:
+    """Empty request buffers for a grammar of ``n_lex`` lexemes (one per matcher)."""
+    return MissingRequests(np.zeros(4096, np.int32), np.zeros(max(16, 4 * n_lex), np.int32),
+                           np.zeros(65, np.int32), np.zeros(3, np.int32))
+
+
+def grammar_tables(f) -> GrammarTables:
+    return GrammarTables(f.sym, f.end_lhs, f.prod_start, f.nt_prod_lo, f.nt_prod_hi,
+                         f.nt_nullable.astype(np.int32))
 
 
 @njit(nogil=True, cache=True)
-def _next_stamp(S):
-    info = S[S_INFO]
+def _next_stamp(P):
+    info = P.info
     info[0] += 1
     if info[0] >= 2_000_000_000:
-        S[S_PRED][:] = 0
-        S[S_LEX_STAMP][:] = 0
-        S[S_LEX_MARK][:] = 0
-        S[S_HSTAMP][:] = 0
+        P.pred[:] = 0
+        P.lex_stamp[:] = 0
+        P.lex_mark[:] = 0
+        P.hstamp[:] = 0
         info[0] = 1
     return info[0]
 
@@ -79,21 +105,22 @@ def _add(pos, org, end, it_pos, it_org, hst, hkeys, stamp):
 
 
 @njit(nogil=True, cache=True)
-def _closure(r, end, G, P, S, hkeys, stamp):
+def _closure(r, end, G, P, stamp):
     """Complete and predict row ``r`` whose seed items are ``[row_beg[r], end)``.
     Returns (status, end)."""
-    sym = G[G_SYM]
-    end_lhs = G[G_END_LHS]
-    prod_start = G[G_PROD_START]
-    nt_lo = G[G_NT_LO]
-    nt_hi = G[G_NT_HI]
-    nullable = G[G_NULLABLE]
-    it_pos = P[P_POS]
-    it_org = P[P_ORG]
-    row_beg = P[P_ROW_BEG]
-    pred = S[S_PRED]
-    hst = S[S_HSTAMP]
-    accept_pos = S[S_INFO][1]
+    sym = G.sym
+    end_lhs = G.end_lhs
+    prod_start = G.prod_start
+    nt_lo = G.nt_lo
+    nt_hi = G.nt_hi
+    nullable = G.nullable
+    it_pos = P.it_pos
+    it_org = P.it_org
+    row_beg = P.row_beg
+    pred = P.pred
+    hst = P.hstamp
+    hkeys = P.hkeys
+    accept_pos = P.info[1]
     acc = 0
     i = row_beg[r]
     while i < end:
@@ -124,18 +151,18 @@ def _closure(r, end, G, P, S, hkeys, stamp):
                 end = _add(pos + 1, org, end, it_pos, it_org, hst, hkeys, stamp)
                 if end < 0:
                     return (GROW_ITEMS if end == -1 else GROW_HASH), 0
-    P[P_ROW_ACC][r] = acc
+    P.row_acc[r] = acc
     return OK, end
 
 
 @njit(nogil=True, cache=True)
-def _allowed_lexemes(r, G, P, S, stamp):
-    """Sorted list of lexemes allowed by row ``r`` in ``S[S_ALLOWED]``; returns their number."""
-    sym = G[G_SYM]
-    it_pos = P[P_POS]
-    row_beg = P[P_ROW_BEG]
-    lst = S[S_LEX_STAMP]
-    out = S[S_ALLOWED]
+def _allowed_lexemes(r, G, P, stamp):
+    """Sorted list of lexemes allowed by row ``r`` in ``P.allowed``; returns their number."""
+    sym = G.sym
+    it_pos = P.it_pos
+    row_beg = P.row_beg
+    lst = P.lex_stamp
+    out = P.allowed
     n = 0
     for i in range(row_beg[r], row_beg[r + 1]):
         s = sym[it_pos[i]]
@@ -154,13 +181,13 @@ def _allowed_lexemes(r, G, P, S, stamp):
 
 
 @njit(nogil=True, cache=True)
-def _record_missing_start(S, n, M):
-    starts_lex = M[1]
-    starts_off = M[2]
-    cnt = M[3]
+def _record_missing_start(P, n, M):
+    starts_lex = M.start_lex
+    starts_off = M.start_off
+    cnt = M.counts
     if cnt[1] + 1 >= starts_off.shape[0] or cnt[2] + n > starts_lex.shape[0]:
         return
-    allowed = S[S_ALLOWED]
+    allowed = P.allowed
     for i in range(n):
         starts_lex[cnt[2] + i] = allowed[i]
     cnt[2] += n
@@ -169,42 +196,45 @@ def _record_missing_start(S, n, M):
 
 
 @njit(nogil=True, cache=True)
-def resolve_row_start(r, G, L_st_keys, L_st_vals, P, S, M):
+def resolve_row_start(r, G, L, P, M):
     """(Re)compute ``row_ls[r]`` from the row's allowed lexemes; records a missing start set."""
-    stamp = _next_stamp(S)
-    n = _allowed_lexemes(r, G, P, S, stamp)
-    key = lexeme_set_hash(S[S_ALLOWED], n)
-    ls = lookup_start(L_st_keys, L_st_vals, key)
-    P[P_ROW_LS][r] = ls
+    stamp = _next_stamp(P)
+    n = _allowed_lexemes(r, G, P, stamp)
+    key = lexeme_set_hash(P.allowed, n)
+    ls = lookup_start(L.st_keys, L.st_vals, key)
+    P.row_ls[r] = ls
     if ls == -2:
-        _record_missing_start(S, n, M)
+        _record_missing_start(P, n, M)
     return ls
 
 
 @njit(nogil=True, cache=True)
-def compute_row(r, acc_set, G, acc_off, acc_lex, L_st_keys, L_st_vals, P, S, hkeys, M):
+def compute_row(r, acc_set, G, L, P, M):
     """Build row ``r``: the initial row when ``r == 0``, else scan the lexemes of accepted set
     ``acc_set`` from row ``r - 1``. Returns a status (OK, REJECT when no item advances, GROW_*,
     MISSING when ``acc_set`` is newer than the arrays passed in)."""
-    row_beg = P[P_ROW_BEG]
+    row_beg = P.row_beg
     if r + 2 > row_beg.shape[0]:
         return GROW_ROWS
-    stamp = _next_stamp(S)
+    stamp = _next_stamp(P)
     end = row_beg[r]
-    it_pos = P[P_POS]
-    it_org = P[P_ORG]
-    hst = S[S_HSTAMP]
+    it_pos = P.it_pos
+    it_org = P.it_org
+    hst = P.hstamp
+    hkeys = P.hkeys
     if r == 0:
-        start_nt = S[S_INFO][2]
-        end = _add(G[G_PROD_START][G[G_NT_LO][start_nt]], 0, end, it_pos, it_org, hst, hkeys, stamp)
+        start_nt = P.info[2]
+        end = _add(G.prod_start[G.nt_lo[start_nt]], 0, end, it_pos, it_org, hst, hkeys, stamp)
         if end < 0:
             return GROW_ITEMS if end == -1 else GROW_HASH
     else:
+        acc_off = L.acc_off
         if acc_set + 1 >= acc_off.shape[0]:
             # a lexeme set registered by another thread after our arrays were taken: call again
             return MISSING
-        sym = G[G_SYM]
-        mark = S[S_LEX_MARK]
+        acc_lex = L.acc_lex
+        sym = G.sym
+        mark = P.lex_mark
         for j in range(acc_off[acc_set], acc_off[acc_set + 1]):
             mark[acc_lex[j]] = stamp
         for i in range(row_beg[r - 1], row_beg[r]):
@@ -214,71 +244,69 @@ def compute_row(r, acc_set, G, acc_off, acc_lex, L_st_keys, L_st_vals, P, S, hke
                 if end < 0:
                     return GROW_ITEMS if end == -1 else GROW_HASH
         if end == row_beg[r]:
-            P[P_ROW_LS][r] = -1
+            P.row_ls[r] = -1
             return REJECT
-    st, end = _closure(r, end, G, P, S, hkeys, stamp)
+    st, end = _closure(r, end, G, P, stamp)
     if st != OK:
         return st
     row_beg[r + 1] = end
-    P[P_ROW_KEY][r] = acc_set
-    resolve_row_start(r, G, L_st_keys, L_st_vals, P, S, M)
+    P.row_key[r] = acc_set
+    resolve_row_start(r, G, L, P, M)
     return OK
 
 
+@njit(nogil=True, cache=True)
+def initial_row(G, L, P, M):
+    """Build row 0 and its lexer start state; MISSING until that start set is registered."""
+    st = compute_row(0, -1, G, L, P, M)
+    if st == OK and P.row_ls[0] < 0:
+        return MISSING
+    return st
+
+
 class ParseStack:
-    """The arrays of one parse (owned by a matcher); grown by Python when a kernel asks."""
+    """The arrays of one parse (owned by a matcher) as :class:`ParseArrays` in ``arrays``;
+    grown by Python when a kernel asks (the tuple is rebuilt only then)."""
 
     def __init__(self, flat, items: int = 4096, rows: int = 256, hash_size: int = 4096):
         self.flat = flat
         i32 = np.int32
-        self.it_pos = np.zeros(items, i32)
-        self.it_org = np.zeros(items, i32)
-        self.row_beg = np.zeros(rows + 1, i32)
-        self.row_ls = np.full(rows, -2, i32)
-        self.row_key = np.full(rows, -1, i32)
-        self.row_acc = np.zeros(rows, i32)
         n_nt = int(flat.nt_prod_lo.shape[0])
         n_lex = max(1, flat.n_lexemes)
         info = np.zeros(4, i32)
         info[1] = flat.accept_pos
         info[2] = flat.start_nt
-        self.scratch = (np.zeros(n_nt, i32), np.zeros(n_lex, i32), np.zeros(n_lex, i32),
-                        np.zeros(n_lex + 1, i32), np.zeros(hash_size, i32), info)
-        self.hkeys = np.zeros(hash_size, np.int64)
-
-    @property
-    def P(self):
-        return (self.it_pos, self.it_org, self.row_beg, self.row_ls, self.row_key, self.row_acc)
+        self.arrays = ParseArrays(
+            it_pos=np.zeros(items, i32), it_org=np.zeros(items, i32),
+            row_beg=np.zeros(rows + 1, i32), row_ls=np.full(rows, -2, i32),
+            row_key=np.full(rows, -1, i32), row_acc=np.zeros(rows, i32),
+            pred=np.zeros(n_nt, i32), lex_stamp=np.zeros(n_lex, i32), lex_mark=np.zeros(n_lex, i32),
+            allowed=np.zeros(n_lex + 1, i32), hstamp=np.zeros(hash_size, i32), info=info,
+            hkeys=np.zeros(hash_size, np.int64))
 
     def grow(self, status: int) -> None:
+        a = self.arrays
         if status == GROW_ITEMS:
-            n = 2 * self.it_pos.shape[0]
-            self.it_pos = _resized(self.it_pos, n)
-            self.it_org = _resized(self.it_org, n)
+            n = 2 * a.it_pos.shape[0]
+            a = a._replace(it_pos=_resized(a.it_pos, n), it_org=_resized(a.it_org, n))
         elif status == GROW_ROWS:
-            n = 2 * self.row_ls.shape[0]
-            self.row_beg = _resized(self.row_beg, n + 1)
-            self.row_ls = _resized(self.row_ls, n, -2)
-            self.row_key = _resized(self.row_key, n, -1)
-            self.row_acc = _resized(self.row_acc, n)
+            n = 2 * a.row_ls.shape[0]
+            a = a._replace(row_beg=_resized(a.row_beg, n + 1), row_ls=_resized(a.row_ls, n, -2),
+                           row_key=_resized(a.row_key, n, -1), row_acc=_resized(a.row_acc, n))
         elif status == GROW_HASH:
-            n = 4 * self.hkeys.shape[0]
+            n = 4 * a.hkeys.shape[0]
             if n > (1 << 26):
                 from ..errors import GrammarTooComplexError
                 raise GrammarTooComplexError("an Earley row grew beyond its bound")
-            s = list(self.scratch)
-            s[S_HSTAMP] = np.zeros(n, np.int32)
-            self.scratch = tuple(s)
-            self.hkeys = np.zeros(n, np.int64)
+            a = a._replace(hstamp=np.zeros(n, np.int32), hkeys=np.zeros(n, np.int64))
         else:  # pragma: no cover
             raise AssertionError(status)
+        self.arrays = a
 
     def copy(self) -> "ParseStack":
         new = object.__new__(ParseStack)
         new.flat = self.flat
-        for name in ("it_pos", "it_org", "row_beg", "row_ls", "row_key", "row_acc", "hkeys"):
-            setattr(new, name, getattr(self, name).copy())
-        new.scratch = tuple(a.copy() for a in self.scratch)
+        new.arrays = ParseArrays(*[x.copy() for x in self.arrays])
         return new
 
 

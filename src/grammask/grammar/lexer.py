@@ -13,11 +13,15 @@ The kernels only see flat numpy arrays:
 ``st_keys``/``st_vals``
     open-addressing hash table: hash of a sorted list of allowed lexemes -> start state.
 
-A kernel that meets ``UNKNOWN`` or a start set not in the table records it in a "missing" buffer
-and treats it as dead; Python then expands the states (:meth:`Lexer.expand`), registers the start
-sets (:meth:`Lexer.add_start`) and runs the kernel again. After warm-up nothing is missing.
+Kernels receive them together as one :class:`LexerTables` (``Lexer.tables``), published again
+each time an array is reallocated. A kernel that meets ``UNKNOWN`` or a start set not in the table
+records it in a "missing" buffer and treats it as dead; Python then expands the states
+(:meth:`Lexer.expand`), registers the start sets (:meth:`Lexer.start_state`) and runs the kernel
+again (:meth:`~.compiled.CompiledGrammar.run`). After warm-up nothing is missing.
 """
 from __future__ import annotations
+
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
@@ -31,6 +35,9 @@ ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
 #: state moves kept per ExprSet (shared by its grammars) before the cache starts over
 MAX_CACHED_MOVES = 50_000
+
+#: the lexer arrays a kernel reads (see the module docstring); one consistent snapshot
+LexerTables = namedtuple("LexerTables", "trans state_acc acc_off acc_lex st_keys st_vals")
 
 
 def _moves(exprs: ExprSet, key: tuple[int, ...]):
@@ -130,6 +137,13 @@ class Lexer:
         self.st_vals = np.zeros(256, dtype=np.int32)
         self._n_start = 0
         self.expanded = np.zeros(cap, dtype=np.bool_)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Hand the current arrays to kernels (after any of them was reallocated): one attribute
+        store, so a kernel never sees arrays from two different moments."""
+        self.tables = LexerTables(self.trans, self.state_acc, self.acc_off, self.acc_lex,
+                                  self.st_keys, self.st_vals)
 
     # ---------------------------------------------------------------- states
     @property
@@ -164,6 +178,7 @@ class Lexer:
         exp[:old] = self.expanded
         # publish the new arrays only once they are complete (kernels may hold the old ones)
         self.trans, self.state_acc, self.expanded = trans, acc, exp
+        self._publish()
 
     def _intern_acc(self, acc: tuple[int, ...]) -> int:
         k = self._acc_ids.get(acc)
@@ -174,6 +189,7 @@ class Lexer:
         self._acc_ids[acc] = k
         self.acc_lex = np.concatenate([self.acc_lex, np.array(acc, dtype=np.int32)])
         self.acc_off = np.concatenate([self.acc_off, np.array([self.acc_lex.shape[0]], dtype=np.int32)])
+        self._publish()
         return k
 
     def accepted_lexemes(self, s: int) -> tuple[int, ...]:
@@ -256,6 +272,7 @@ class Lexer:
                     self._put(nk, nv, k, v)
             self._put(nk, nv, key, s)
             self.st_vals, self.st_keys = nv, nk
+            self._publish()
         else:
             # write the value before the key: a concurrent reader never sees a key without value
             self._put(self.st_keys, self.st_vals, key, s)

@@ -1,5 +1,12 @@
 """Token-mask kernels: one lexer/parser step, and the trie walk that fills a bitmask.
 
+Every kernel takes the grammar tables ``G`` (:class:`~.earley.GrammarTables`), the lexer tables
+``L`` (:class:`~.lexer.LexerTables`), the parse stack ``P`` (:class:`~.earley.ParseArrays`) and the
+request buffers ``M`` (:class:`~.earley.MissingRequests`), in that order, between its own leading
+and trailing arguments; it returns a status (or a tuple led by one) for the driver,
+:meth:`~.compiled.CompiledGrammar.run`. ``fill_mask`` also takes the slice forest's arrays
+(:class:`~.slicer.ForestArrays`) and the matcher's walk buffers (:class:`WalkBuffers`).
+
 The walk visits the flat token trie in preorder (:mod:`.toktrie`). At each node it does one table
 lookup in the lexer DFA; a dead lexer state skips the whole subtree (``i = node_end[i]``). Only
 when a lexeme ends (the next byte cannot extend it) does the parser take part: the accepted lexemes
@@ -9,10 +16,13 @@ still complete some lexeme that the parser accepts, and every grammar symbol is 
 """
 from __future__ import annotations
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
-from .earley import GROW_ROWS, MISSING, OK, P_ROW_KEY, P_ROW_LS, REJECT, compute_row, resolve_row_start
+from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start
+
 
 class FastCall:
     """Call a Numba kernel through the entry point of its one compiled signature, skipping the
@@ -37,52 +47,53 @@ class FastCall:
         return r
 
 
-# L: lexer arrays tuple (trans, state_acc, acc_off, acc_lex, st_vals); st_keys separately (int64)
-L_TRANS, L_STATE_ACC, L_ACC_OFF, L_ACC_LEX, L_ST_VALS = range(5)
+#: a matcher's buffers for :func:`fill_mask`: lexer state and height per trie depth
+#: (``ls_st``, ``h_st``), the tokens found (``found``, one slot per trie token) and the stop tokens
+WalkBuffers = namedtuple("WalkBuffers", "ls_st h_st found stop_ids")
 
 
 @njit(nogil=True, cache=True)
 def _record_state(M, s):
-    buf = M[0]
-    cnt = M[3]
+    buf = M.states
+    cnt = M.counts
     if cnt[0] < buf.shape[0]:
         buf[cnt[0]] = s
         cnt[0] += 1
 
 
 @njit(nogil=True, cache=True, inline="always")
-def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
+def step_slow(b, s, h, cache_top, G, L, P, M):
     """The byte ``b`` in lexer state ``s`` over ``h`` rows when the table says it is not a plain
     lexer move. Returns (status, state, height, cache_top)."""
-    t = L[L_TRANS][s * 256 + b]
+    t = L.trans[s * 256 + b]
     if t >= 0:
         return OK, t, h, cache_top
     if t == -2:
         _record_state(M, s)
         return MISSING, s, h, cache_top
-    k = L[L_STATE_ACC][s]
+    k = L.state_acc[s]
     if k < 0:
         return REJECT, s, h, cache_top
-    row_key = P[P_ROW_KEY]
-    row_ls = P[P_ROW_LS]
+    row_key = P.row_key
+    row_ls = P.row_ls
     if h < cache_top and row_key[h] == k:
         s2 = row_ls[h]
         if s2 == -2:
-            s2 = resolve_row_start(h, G, st_keys, L[L_ST_VALS], P, S, M)
+            s2 = resolve_row_start(h, G, L, P, M)
     else:
-        if h + 2 > P[2].shape[0]:
+        if h + 2 > P.row_beg.shape[0]:
             return GROW_ROWS, s, h, cache_top
-        st = compute_row(h, k, G, L[L_ACC_OFF], L[L_ACC_LEX], st_keys, L[L_ST_VALS], P, S, hkeys, M)
+        st = compute_row(h, k, G, L, P, M)
         if st != OK:
             return st, s, h, h
         cache_top = h + 1
         s2 = row_ls[h]
-    if s2 == -2 or s2 * 256 >= L[L_TRANS].shape[0]:
+    if s2 == -2 or s2 * 256 >= L.trans.shape[0]:
         # not registered yet, or registered by another thread after our arrays were taken
         return MISSING, s, h, cache_top
     if s2 < 0:
         return REJECT, s, h, cache_top
-    t = L[L_TRANS][s2 * 256 + b]
+    t = L.trans[s2 * 256 + b]
     if t == -2:
         _record_state(M, s2)
         return MISSING, s, h, cache_top
@@ -92,18 +103,34 @@ def step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M):
 
 
 @njit(nogil=True, cache=True)
-def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg_skip,
-              s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, found):
-    """Append to ``found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
+def _step_slow_call(b, s, h, cache_top, G, L, P, M):
+    """:func:`step_slow` as a real call, for :func:`walk_trie`: inlined there, its body (four
+    structures of arrays) made the walk's hot loop about 10% slower; the call is taken rarely."""
+    return step_slow(b, s, h, cache_top, G, L, P, M)
+
+
+@njit(nogil=True, cache=True)
+def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
+    """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
     rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
-    mask is used instead). ``node_tok[i]`` is the token ending at node ``i`` or -1: the append is
-    branch-free. Returns (status, number found); status MISSING means some subtrees were skipped
-    for want of lexer states (call again once they are built), GROW_* that an array is full."""
-    trans = L[L_TRANS]
-    state_acc = L[L_STATE_ACC]
+    mask is used instead). ``F.node_tok[i]`` is the token ending at node ``i`` or -1: the append
+    is branch-free. Returns (status, number found); status MISSING means some subtrees were
+    skipped for want of lexer states (call again once they are built), GROW_* that an array is
+    full."""
+    node_byte = F.node_byte
+    node_depth = F.node_depth
+    node_end = F.node_end
+    node_tok = F.node_tok
+    seg_start = F.seg_start
+    seg_end = F.seg_end
+    ls_st = W.ls_st
+    h_st = W.h_st
+    found = W.found
+    trans = L.trans
+    state_acc = L.state_acc
     n_states = trans.shape[0] // 256
-    row_key = P[P_ROW_KEY]
-    row_ls = P[P_ROW_LS]
+    row_key = P.row_key
+    row_ls = P.row_ls
     ls_st[0] = s0
     h_st[0] = h0
     cache_top = h0
@@ -141,7 +168,7 @@ def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
                     if t >= 0:
                         h += 1
         if t < 0:
-            st, t, h, cache_top = step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
+            st, t, h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
             if st != OK:
                 if st == REJECT:
                     i = node_end[i]
@@ -161,19 +188,25 @@ def walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
 
 
 @njit(nogil=True, cache=True)
-def fill_mask(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg_skip, combo_words,
-              dup_first, dup_other, stop_ids, s0, h0, lex_len, G, L, st_keys, P, S, hkeys, M,
-              ls_st, h_st, found, words):
+def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, words):
     """One whole mask row into ``words`` (uint32, ``ceil(V/32)`` words): the precomputed mask
-    of the skipped slices (``combo_words``), the tokens the trie walk finds, tokens that share
+    of the skipped slices (``F.combo_words``), the tokens the trie walk finds, tokens that share
     bytes with a found one, and the stop tokens when the grammar can end. Returns a status."""
-    st, nf = walk_trie(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg_skip,
-                       s0, h0, G, L, st_keys, P, S, hkeys, M, ls_st, h_st, found)
+    st, nf = walk_trie(F, seg_skip, s0, h0, G, L, P, M, W)
     if st != OK:
         return st
-    st, can = can_end(s0, h0, lex_len, G, L, st_keys, P, S, hkeys, M)
+    st, can = can_end(s0, h0, lex_len, G, L, P, M)
     if st != OK:
         return st
+    combo = 0
+    for k in range(seg_skip.shape[0]):
+        if seg_skip[k]:
+            combo |= 1 << k
+    combo_words = F.combo_words[combo]
+    found = W.found
+    dup_first = F.dup_first
+    dup_other = F.dup_other
+    stop_ids = W.stop_ids
     nw = words.shape[0]
     for j in range(nw):
         words[j] = combo_words[j]
@@ -197,11 +230,11 @@ def fill_mask(node_byte, node_depth, node_end, node_tok, seg_start, seg_end, seg
 
 
 @njit(nogil=True, cache=True)
-def advance_bytes(data, s, h, G, L, st_keys, P, S, hkeys, M, out):
+def advance_bytes(data, s, h, G, L, P, M, out):
     """Feed ``data`` from (``s``, ``h``); on OK, ``out = [state, height]``."""
     cache_top = h
     for i in range(data.shape[0]):
-        st, s, h, cache_top = step_slow(data[i], s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
+        st, s, h, cache_top = step_slow(data[i], s, h, cache_top, G, L, P, M)
         if st != OK:
             return st
     out[0] = s
@@ -210,30 +243,30 @@ def advance_bytes(data, s, h, G, L, st_keys, P, S, hkeys, M, out):
 
 
 @njit(nogil=True, cache=True)
-def can_end(s, h, lex_len, G, L, st_keys, P, S, hkeys, M):
+def can_end(s, h, lex_len, G, L, P, M):
     """(status, 1 if the grammar may end here else 0)."""
     if lex_len == 0:
-        return OK, P[5][h - 1]
-    k = L[L_STATE_ACC][s]
+        return OK, P.row_acc[h - 1]
+    k = L.state_acc[s]
     if k < 0:
         return OK, 0
-    if h + 2 > P[2].shape[0]:
+    if h + 2 > P.row_beg.shape[0]:
         return GROW_ROWS, 0
-    st = compute_row(h, k, G, L[L_ACC_OFF], L[L_ACC_LEX], st_keys, L[L_ST_VALS], P, S, hkeys, M)
+    st = compute_row(h, k, G, L, P, M)
     if st == REJECT:
         return OK, 0
     if st != OK:
         return st, 0
-    return OK, P[5][h]
+    return OK, P.row_acc[h]
 
 
 @njit(nogil=True, cache=True)
-def allowed_bytes(s, h, G, L, st_keys, P, S, hkeys, M, out):
+def allowed_bytes(s, h, G, L, P, M, out):
     """``out[b] = 1`` for every byte that can come next. Returns a status."""
     cache_top = h
     incomplete = False
-    trans = L[L_TRANS]
-    not_accepting = L[L_STATE_ACC][s] < 0
+    trans = L.trans
+    not_accepting = L.state_acc[s] < 0
     base = s * 256
     for b in range(256):
         # plain lexer moves and dead ends decided here: the slow step reads tuples (refcounts)
@@ -244,7 +277,7 @@ def allowed_bytes(s, h, G, L, st_keys, P, S, hkeys, M, out):
         if t == -1 and not_accepting:
             out[b] = 0
             continue
-        st, _t, _h, cache_top = step_slow(b, s, h, cache_top, G, L, st_keys, P, S, hkeys, M)
+        st, _t, _h, cache_top = step_slow(b, s, h, cache_top, G, L, P, M)
         out[b] = 1 if st == OK else 0
         if st == MISSING:
             incomplete = True
@@ -254,17 +287,17 @@ def allowed_bytes(s, h, G, L, st_keys, P, S, hkeys, M, out):
 
 
 @njit(nogil=True, cache=True)
-def jump_forward(s, h, lex_len, G, L, st_keys, P, S, hkeys, M, buf, ok):
+def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
     """Bytes forced from (s, h): while exactly one byte is possible and the grammar cannot end.
     Writes them to ``buf``; returns (status, n). ``ok`` is a 256-byte scratch array."""
     n = 0
     while n < buf.shape[0]:
-        st, e = can_end(s, h, lex_len, G, L, st_keys, P, S, hkeys, M)
+        st, e = can_end(s, h, lex_len, G, L, P, M)
         if st != OK:
             return st, n
         if e:
             break
-        st = allowed_bytes(s, h, G, L, st_keys, P, S, hkeys, M, ok)
+        st = allowed_bytes(s, h, G, L, P, M, ok)
         if st != OK:
             return st, n
         only = -1
@@ -275,7 +308,7 @@ def jump_forward(s, h, lex_len, G, L, st_keys, P, S, hkeys, M, buf, ok):
                 only = b
         if cnt != 1:
             break
-        st, s, h, _ct = step_slow(only, s, h, h, G, L, st_keys, P, S, hkeys, M)
+        st, s, h, _ct = step_slow(only, s, h, h, G, L, P, M)
         if st != OK:
             return st, n
         buf[n] = only

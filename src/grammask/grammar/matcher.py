@@ -12,13 +12,14 @@ from collections import deque
 import numpy as np
 
 from ..errors import GrammarError, MatcherError
-from .compiled import MAX_RESOLVE_ROUNDS, CompiledGrammar
-from .earley import MISSING, OK
-from .mask import FastCall, advance_bytes, allowed_bytes, can_end, fill_mask, jump_forward
+from .compiled import CompiledGrammar
+from .earley import OK
+from .mask import FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, jump_forward
 
 _fill_mask = FastCall(fill_mask)
 _advance_bytes = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
+_FILL_ERROR = "internal error: the mask kernel did not settle"
 
 
 class GrammarMatcher:
@@ -42,19 +43,19 @@ class GrammarMatcher:
         self._token_bytes = info.token_bytes
         self._M = compiled.new_missing(compiled.flat.n_lexemes)
         depth = int(compiled.forest.trie.max_depth) + 2
-        self._ls_st = np.zeros(depth, np.int32)
-        self._h_st = np.zeros(depth, np.int32)
+        self._walk = WalkBuffers(
+            ls_st=np.zeros(depth, np.int32), h_st=np.zeros(depth, np.int32),
+            found=np.empty(compiled.forest.trie.n_tokens + 1, np.int32),  # written before read
+            stop_ids=np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32))
         self._out = np.zeros(2, np.int32)
         self._ok = np.zeros(256, np.uint8)
-        self._found = np.empty(compiled.forest.trie.n_tokens + 1, np.int32)  # written before read
-        self._stop_arr = np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32)
         self._special = np.zeros(0, np.int64)
         self.reset()
 
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         self._stack = self.compiled.new_stack()
-        self._s = int(self._stack.row_ls[0])
+        self._s = int(self._stack.arrays.row_ls[0])
         self._h = 1
         self._lex_len = 0
         self._terminated = False
@@ -66,11 +67,10 @@ class GrammarMatcher:
         new.__dict__.update(self.__dict__)
         new._stack = self._stack.copy()
         new._M = self.compiled.new_missing(self.compiled.flat.n_lexemes)
-        new._ls_st = self._ls_st.copy()
-        new._h_st = self._h_st.copy()
+        w = self._walk
+        new._walk = WalkBuffers(w.ls_st.copy(), w.h_st.copy(), w.found.copy(), w.stop_ids)
         new._out = self._out.copy()
         new._ok = self._ok.copy()
-        new._found = self._found.copy()
         new._history = deque(self._history, maxlen=self._history.maxlen)
         return new
 
@@ -79,18 +79,8 @@ class GrammarMatcher:
 
     # ------------------------------------------------------------------ kernel driver
     def _call(self, fn, *head, tail=()):
-        """Run kernel ``fn(*head, G, L, st_keys, P, S, hkeys, M, *tail)`` until it settles."""
-        comp = self.compiled
-        stack = self._stack
-        for _ in range(MAX_RESOLVE_ROUNDS):
-            L, st_keys = comp.lexer_arrays()
-            r = fn(*head, comp.G, L, st_keys, stack.P, stack.scratch, stack.hkeys, self._M, *tail)
-            st = r[0] if isinstance(r, tuple) else r
-            if st == OK or st == 1:  # OK or REJECT
-                return r
-            comp.resolve(st, stack, self._M)
-            stack = self._stack
-        raise GrammarError("internal error: a mask kernel did not settle")
+        """Run kernel ``fn(*head, G, L, P, M, *tail)`` until it settles (:meth:`CompiledGrammar.run`)."""
+        return self.compiled.run(fn, self._stack, self._M, head, tail)
 
     def _can_end_now(self) -> bool:
         _, e = self._call(_can_end, self._s, self._h, self._lex_len)
@@ -170,24 +160,10 @@ class GrammarMatcher:
             self._set_stop(words)
             return
         comp = self.compiled
-        forest = comp.forest
-        trie = forest.trie
-        skip, combo = comp.slicer.skip_flags(self._s)
-        combo_words = forest.combo_words[combo]
-        words = words[:n_words]
-        stack = self._stack
-        for _ in range(MAX_RESOLVE_ROUNDS):
-            L, st_keys = comp.lexer_arrays()
-            st = _fill_mask(trie.node_byte, trie.node_depth, trie.node_end, forest.node_tok,
-                           forest.seg_start, forest.seg_end, skip, combo_words, forest.dup_first,
-                           forest.dup_other, self._stop_arr, self._s, self._h, self._lex_len,
-                           comp.G, L, st_keys, stack.P, stack.scratch, stack.hkeys, self._M,
-                           self._ls_st, self._h_st, self._found, words)
-            if st == OK:
-                return
-            comp.resolve(st, stack, self._M)
-            stack = self._stack
-        raise GrammarError("internal error: the mask kernel did not settle")
+        skip, _combo = comp.slicer.skip_flags(self._s)
+        comp.run(_fill_mask, self._stack, self._M,
+                 (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (self._walk, words[:n_words]),
+                 _FILL_ERROR)
 
     def _set_stop(self, words: np.ndarray) -> None:
         for t in self.stop_token_ids:

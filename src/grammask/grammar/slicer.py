@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
+from collections import namedtuple
 
 import numpy as np
 from numba import njit
@@ -57,6 +58,10 @@ MAX_CHECK_PAIRS = 50_000
 #: time allowed to the containment proofs of one lexer state (all its slices together); an
 #: unfinished proof answers "not contained": the kernel then walks that slice's tokens
 STATE_PROOF_SECONDS = 0.25
+
+#: the forest as the mask kernel reads it (see :class:`SliceForest`)
+ForestArrays = namedtuple("ForestArrays", "node_byte node_depth node_end node_tok seg_start seg_end "
+                                          "combo_words dup_first dup_other")
 
 _FORESTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _FOREST_LOCK = threading.Lock()
@@ -144,6 +149,9 @@ class SliceForest:
             self.combo_words[c] = self.combo_words[c & (c - 1)] | self.slice_words[low]
         tries = [TokTrie._build_from(tb, g.tolist()) for g in groups]
         self._concat(tries)
+        t = self.trie
+        self.arrays = ForestArrays(t.node_byte, t.node_depth, t.node_end, self.node_tok, self.seg_start,
+                                   self.seg_end, self.combo_words, self.dup_first, self.dup_other)
 
     def _concat(self, tries) -> None:
         nb, nd, ne, ts, te, ids = [np.zeros(1, np.uint8)], [np.zeros(1, np.int16)], [None], [np.zeros(1, np.int32)], [np.zeros(1, np.int32)], []

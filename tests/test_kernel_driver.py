@@ -1,0 +1,119 @@
+"""The kernel driver (`CompiledGrammar.run`) and the named array structures the kernels take.
+
+(a) every kernel called through `FastCall` has exactly one compiled signature after a matcher used
+    it, so the fast path (the compiled entry point) is taken;
+(b) MISSING requests are served, GROW_* reallocates the parse stack and rebuilds its `arrays`,
+    and a kernel that never settles raises past MAX_RESOLVE_ROUNDS;
+(c) the lexer republishes `tables` whenever it reallocates an array, so kernels never read
+    arrays from two moments.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask.errors import GrammarError
+from grammask.grammar import compiled as compiled_mod
+from grammask.grammar import matcher as matcher_mod
+from grammask.grammar.earley import GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT
+from small_tokenizers import bytelevel_tokenizer
+
+
+@pytest.fixture(scope="module")
+def bl():
+    tok = bytelevel_tokenizer()
+    info = TokenizerInfo.from_huggingface(tok, stop_token_ids=[tok.token_to_id("<|endoftext|>")])
+    return tok, info, GrammarCompiler(info)
+
+
+def test_fast_call_kernels_have_one_signature(bl):
+    tok, info, comp = bl
+    cg = comp.compile_json_schema('{"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}')
+    m = GrammarMatcher(cg, terminate_without_stop_token=True)
+    for t in tok.encode('{"a": "hello"}').ids:
+        m.get_next_token_bitmask()
+        assert m.accept_token(t)
+    m.find_jump_forward_bytes()
+    for fc in (matcher_mod._fill_mask, matcher_mod._advance_bytes, matcher_mod._can_end, compiled_mod._initial_row):
+        assert len(fc.fn.signatures) == 1, fc.fn
+        assert fc.entry is not None, fc.fn
+
+
+def test_driver_serves_requests_and_grows(bl):
+    _tok, _info, comp = bl
+    cg = comp.compile_grammar('root ::= "a"+')
+    stack = cg.new_stack()
+    missing = cg.new_missing(cg.flat.n_lexemes)
+    statuses = [GROW_ITEMS, GROW_ROWS, GROW_HASH, MISSING, REJECT]
+    seen = []
+
+    def kernel(x, G, L, P, M, y):
+        assert (x, y) == ("head", "tail")
+        assert G is cg.G and L is cg.lexer.tables and M is missing
+        seen.append(P)
+        return statuses[len(seen) - 1], 7
+
+    before = stack.arrays
+    assert cg.run(kernel, stack, missing, ("head",), ("tail",)) == (REJECT, 7)
+    assert len(seen) == 5
+    after = stack.arrays
+    assert after.it_pos.shape[0] == 2 * before.it_pos.shape[0]
+    assert after.row_ls.shape[0] == 2 * before.row_ls.shape[0]
+    assert after.row_beg.shape[0] == 2 * before.row_ls.shape[0] + 1
+    assert after.hkeys.shape[0] == 4 * before.hkeys.shape[0] == after.hstamp.shape[0]
+    assert seen[1] is not seen[0] and seen[4] is after
+    assert np.array_equal(after.row_ls[: before.row_ls.shape[0]], before.row_ls)
+    assert (after.row_ls[before.row_ls.shape[0]:] == -2).all()
+
+
+def test_driver_builds_missing_states(bl):
+    _tok, _info, comp = bl
+    cg = comp.compile_grammar('root ::= [a-z]{0,150} "!"')   # more states than the warm-up expands
+    lexer = cg.lexer
+    todo = [s for s in range(lexer.n_states) if not lexer.expanded[s]]
+    assert todo
+    missing = cg.new_missing(cg.flat.n_lexemes)
+
+    def kernel(G, L, P, M):
+        if lexer.expanded[todo[0]]:
+            return OK
+        M.states[0] = todo[0]
+        M.counts[0] = 1
+        return MISSING
+
+    assert cg.run(kernel, cg.new_stack(), missing, (), ()) == OK
+    assert lexer.expanded[todo[0]] and not missing.counts.any()
+
+
+def test_driver_gives_up(bl, monkeypatch):
+    _tok, _info, comp = bl
+    cg = comp.compile_grammar('root ::= "a"')
+    monkeypatch.setattr(compiled_mod, "MAX_RESOLVE_ROUNDS", 3)
+    calls = []
+
+    def kernel(G, L, P, M):
+        calls.append(1)
+        return MISSING
+
+    with pytest.raises(GrammarError, match="did not settle"):
+        cg.run(kernel, cg.new_stack(), cg.new_missing(1), (), ())
+    assert len(calls) == 3
+
+
+def _published(lx) -> bool:
+    return all(a is b for a, b in zip(lx.tables, (lx.trans, lx.state_acc, lx.acc_off, lx.acc_lex,
+                                                  lx.st_keys, lx.st_vals)))
+
+
+def test_lexer_tables_follow_reallocation(bl):
+    _tok, _info, comp = bl
+    cg = comp.compile_grammar('root ::= [a-z]{1,40} | [0-9]{1,40} | "-" [a-z0-9]{1,60}')
+    lx = cg.lexer
+    assert _published(lx)
+    s = 0
+    while s < lx.n_states:
+        lx.expand(s)
+        assert _published(lx)
+        s += 1
+    assert lx.n_states > 64   # past the first reallocation of trans and state_acc
