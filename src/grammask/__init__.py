@@ -2,7 +2,7 @@
 
 - :mod:`grammask.grammar`: JSON Schema / EBNF / regex / JSON to compiled grammars and per-token
   bitmasks (Numba kernels);
-- :mod:`grammask.pipeline`: the async chat engine (web-llm style);
+- :mod:`grammask.pipeline`: the async chat engine (OpenAI-shaped API, see docs/engine.md);
 - :mod:`grammask.adapters`: model backends and loading, HTTP server, transformers.
 
 Layers: ``grammar`` imports neither ``pipeline`` nor ``adapters``; ``pipeline`` does not import

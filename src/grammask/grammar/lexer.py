@@ -1,4 +1,4 @@
-"""The lexer: a lazily built DFA over all lexemes of a grammar (llguidance's design).
+"""The lexer: a lazily built DFA over all lexemes of a grammar (see docs/lexer.md).
 
 A lexer state is a set of ``(lexeme, expression)`` pairs: the lexemes still possible and, for
 each, the derivative of its regex by the bytes read so far (see :mod:`.regexset`). The start

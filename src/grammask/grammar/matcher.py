@@ -15,6 +15,7 @@ from ..errors import GrammarError, MatcherError
 from .compiled import CompiledGrammar
 from .earley import OK
 from .mask import FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, jump_forward
+from .utf8 import utf8_prefix
 
 _fill_mask = FastCall(fill_mask)
 _advance_bytes = FastCall(advance_bytes)
@@ -186,7 +187,7 @@ class GrammarMatcher:
     def find_jump_forward_string(self) -> str:
         """The forced text from here, cut to whole UTF-8 characters (xgrammar's API)."""
         data = self.find_jump_forward_bytes()
-        return _utf8_prefix(data).decode("utf-8")
+        return utf8_prefix(data).decode("utf-8")
 
     def can_terminate(self) -> bool:
         """True when a stop token would be accepted now."""
@@ -196,8 +197,6 @@ class GrammarMatcher:
     def num_accepted(self) -> int:
         return len(self._history)
 
-
-from .utf8 import utf8_prefix as _utf8_prefix  # noqa: E402
 
 
 def _row_words(bitmask, index: int) -> np.ndarray:

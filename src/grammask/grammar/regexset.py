@@ -3,7 +3,7 @@
 Every regular expression the engine uses (lexemes, slices, schema string constraints) lives in one
 :class:`ExprSet`: a node is created once and named by a small int, so equal expressions have equal
 ids and a derivative cache keyed by ``(id, byte)`` turns the set of expressions into a lazily built
-DFA (the seed's *derivre* design): a state is an expression id, a transition is a derivative.
+DFA: a state is an expression id, a transition is a derivative (see docs/lexer.md).
 
 The alphabet is bytes (0..255). Unicode is handled by the regex front end, which compiles code
 point ranges to UTF-8 byte sequences before they get here.

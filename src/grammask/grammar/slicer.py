@@ -1,15 +1,18 @@
-"""The slicer (llguidance's optimisation): precomputed masks for unconstrained contexts.
+"""The slicer: precomputed masks for unconstrained contexts (see docs/slicer.md).
 
 Large masks come from nearly unconstrained places, above all the inside of a JSON string. The
-vocabulary is partitioned once per tokenizer into *slices*: the tokens matching
-``[^"\\\\\\x00-\\x1F\\x7F]{1,10}``, then ``{11,30}``, then ``{31,}`` (claimed in that order), and the
-rest. Each part gets its own trie and its own precomputed bitmask; the tries are laid one after the
-other under a shared root (a *forest*), so skipping a slice is one index jump in the walk kernel.
+vocabulary is partitioned once per tokenizer into *slices* (:data:`JSON_STRING_SLICES`, claimed in
+that order): the tokens matching ``[^"\\\\\\x00-\\x1F\\x7F]{1,10}``, then ``{11,30}``, then ``{31,}``, then
+:data:`PARTIAL_UTF8` (string characters ending inside a UTF-8 character), and the rest. Each part
+gets its own trie and its own precomputed bitmask; the tries are laid one after the other under a
+shared root (a *forest*), so skipping a slice is one index jump in the walk kernel.
 
 Before walking from lexer state ``s``, we check, once per state, whether every string of a slice's
-regex keeps the lexer alive from ``s`` (a product exploration of the slice's derivatives and the
-lexer DFA). If so, every token of that slice is allowed: its precomputed mask is OR-ed in and its
-trie is skipped. Unlike llguidance's symbolic under-approximation, this check is exact.
+regex is a prefix of a word of the union of ``s``'s expressions (:meth:`ExprSet.prefixes_contain`:
+structural shortcuts, else a product exploration of the two derivative automata). If so, every
+token of that slice is allowed: its precomputed mask is OR-ed in and its trie is skipped. The check
+is exact, except that a proof that runs out of its budget (:data:`STATE_PROOF_SECONDS` for all
+slices of a state, :data:`MAX_CHECK_PAIRS`) answers "not contained" and the slice is walked.
 """
 from __future__ import annotations
 

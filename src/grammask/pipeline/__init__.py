@@ -1,4 +1,4 @@
-"""The async chat pipeline: :class:`AsyncEngine` (web-llm's MLCEngine / the OpenAI client, in-process).
+"""The async chat pipeline: :class:`AsyncEngine`, an in-process engine with an OpenAI-shaped client API.
 
 Modules: ``backend`` (the model protocol), ``protocol`` (pydantic requests/responses),
 ``response_format`` (validation, canonical cache keys, compile; the cache is the grammar

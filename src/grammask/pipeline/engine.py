@@ -1,4 +1,4 @@
-"""AsyncEngine: an anyio chat engine with grammar-constrained decoding (web-llm's MLCEngine, OpenAI's client).
+"""AsyncEngine: an anyio chat engine with grammar-constrained decoding and an OpenAI-shaped client API (docs/engine.md).
 
 ::
 

@@ -1,4 +1,4 @@
-"""Fast-forward (forced) tokens, tokenized canonically (seed: fast-forward-tokens-canonical).
+"""Fast-forward (forced) tokens, tokenized canonically (see docs/fast-forward.md).
 
 When the grammar forces the next bytes, they are tokenized with the model's own tokenizer and fed
 in one forward pass instead of being sampled token by token. To keep the tokenization canonical,
@@ -6,7 +6,7 @@ trailing tokens are dropped when a token of the vocabulary could span the end of
 (start inside them and go past them) in a way the grammar allows: the model would have produced
 that token, so forcing the shorter one would push it off its distribution.
 
-Algorithm (llguidance's): tokenize the forced bytes; look at the last ``max_tokens_back`` tokens;
+Algorithm: tokenize the forced bytes; look at the last ``max_tokens_back`` tokens;
 for each byte position ``idx`` from the start of that tail to the end, if some token starts with
 ``forced[idx:]``, is longer, and the grammar accepts ``forced[:idx] + token``, cut at the first
 such ``idx`` and drop every token that reaches past it.

@@ -1,10 +1,10 @@
-"""Requests and responses of the chat engine: pydantic models shaped like OpenAI's (and web-llm's).
+"""Requests and responses of the chat engine: pydantic models shaped like OpenAI's.
 
 ``ChatCompletionRequest`` validates everything that can be checked without the model (ranges,
 types, combinations); :func:`parse_request` turns pydantic's ``ValidationError`` into a typed
 :class:`~grammask.errors.InvalidRequestError` naming the field at fault. Response models
 (``ChatCompletion``, ``ChatCompletionChunk``) follow the OpenAI Python client's field names, with
-two grammask additions: ``usage.extra`` (web-llm's timing figures) and ``choice.incomplete``
+two grammask additions: ``usage.extra`` (timing figures) and ``choice.incomplete``
 (True when the output was cut by ``max_tokens`` or the context size, so it may not satisfy the
 response format).
 """
@@ -70,7 +70,7 @@ class ChatMessage(_Model):
 
 
 def _schema_value(v: Any, field: str) -> Any:
-    """A JSON Schema given as a dict/bool or as JSON text (web-llm passes a string)."""
+    """A JSON Schema given as a dict/bool or as JSON text (JSON text is accepted too)."""
     if isinstance(v, str):
         try:
             v = json.loads(v)
@@ -86,7 +86,7 @@ class TextFormat(_Model):
 
 
 class JsonObjectFormat(_Model):
-    """Any JSON object; with ``schema`` (dict or JSON text, web-llm style) one valid against it."""
+    """Any JSON object; with ``schema`` (dict or JSON text) one valid against it."""
 
     type: Literal["json_object"]
     schema_: Optional[Any] = Field(default=None, alias="schema")
@@ -369,7 +369,7 @@ class ChoiceLogprobs(BaseModel):
 
 
 class UsageExtra(BaseModel):
-    """web-llm's ``usage.extra`` figures (seconds and tokens per second), plus grammask's."""
+    """Timing figures of one request (seconds and tokens per second); docs/engine.md lists them."""
 
     model_config = ConfigDict(extra="allow")
     e2e_latency_s: float = 0.0
