@@ -53,15 +53,11 @@ class Llama3:
     def token_bytes(self) -> list[bytes]:
         """Bytes of every id (GPT-2 byte-level decoding; special tokens give their text)."""
         if self._bytes is None:
-            bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-            cs = bs[:]
-            k = 0
-            for b in range(256):
-                if b not in bs:
-                    bs.append(b)
-                    cs.append(256 + k)
-                    k += 1
-            u2b = {chr(c): b for b, c in zip(bs, cs)}
+            # GPT-2's byte <-> unicode map: printable bytes stand for themselves, the others for
+            # chr(256 + k) in byte order
+            printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+            others = [b for b in range(256) if b not in printable]
+            u2b = {chr(b): b for b in printable} | {chr(256 + k): b for k, b in enumerate(others)}
             added = {i: t.content for i, t in self.tk.get_added_tokens_decoder().items()}
             out = []
             for i in range(self.vocab_size):
