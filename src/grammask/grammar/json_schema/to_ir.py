@@ -21,6 +21,7 @@ __all__ = ["SchemaReader", "ALL_TYPES"]
 
 ALL_TYPES = ("null", "boolean", "number", "integer", "string", "array", "object")
 
+# annotation keywords (listed for reference: every keyword no reader handles is ignored)
 ANNOTATIONS = frozenset({
     "$schema", "$id", "id", "$comment", "title", "description", "default", "examples", "example",
     "deprecated", "readOnly", "writeOnly", "contentEncoding", "contentMediaType", "contentSchema",
