@@ -23,8 +23,8 @@ from decimal import Decimal
 from fractions import Fraction
 from math import gcd
 
-from ..errors import GrammarTooComplexError
-from .regexset import EMPTY, EPS, ExprSet
+from ...errors import GrammarTooComplexError
+from ..regexset import EMPTY, EPS, ExprSet
 
 __all__ = ["to_fraction", "number_regex", "int_range_regex", "MAX_ENUM_MULTIPLES", "MAX_MOD_STATES"]
 

@@ -22,7 +22,7 @@ returns ``None`` for them and the caller decides.
 """
 from __future__ import annotations
 
-from .regexset import ExprSet
+from ..regexset import ExprSet
 
 __all__ = ["FORMATS", "format_expr", "INT_FORMATS"]
 
@@ -168,7 +168,7 @@ def format_expr(name: str, ex: ExprSet) -> int | None:
         src = _regex_subset()
     if src is None:
         return None
-    from .regex import parse_regex
+    from ..regex import parse_regex
 
     e = parse_regex(src, ex)
     n = _MAX_LEN.get(name)

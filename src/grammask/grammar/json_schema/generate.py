@@ -1,0 +1,631 @@
+"""IR -> grammar: :class:`GrammarGenerator`.
+
+Each IR node becomes a nonterminal. Terminals are complete JSON tokens with their leading
+whitespace (see :mod:`..builtin`): a string (its regex carries the pattern / format / length /
+enum constraints, over the JSON-escaped form of the string, :mod:`.strings`), a number (an exact
+digit-level regex of its range, :mod:`.numeric`), ``true``/``false``/``null``, punctuation, and
+an object key merged with its colon. Arrays unroll their item counts (with ``uniqueItems`` over
+few scalar values and ``contains`` counts as states); objects walk their declared properties in
+order (or in any order, up to ``unordered_max`` of them) with additional keys interleaved.
+"""
+from __future__ import annotations
+
+from ...errors import GrammarTooComplexError
+from ..regexset import EMPTY, EPS
+from .algebra import Algebra, CannotNegate
+from .ir import ANY, NOTHING, ArrC, Node, NumC, ObjC, OneOf, Ref, StrC, Typed, Union, is_nothing
+from .limits import MAX_OBJECT_STATES, MAX_PATTERN_REGIONS, MAX_RULES, MAX_UNIQUE_VALUES, MAX_UNROLL
+from .numeric import number_regex
+from .state import CompileState, Stage
+
+__all__ = ["GrammarGenerator"]
+
+
+class GrammarGenerator(Stage):
+    """Writes the grammar of IR nodes into the shared :class:`~grammask.grammar.cfg.Grammar`. Its
+    own state: the nonterminal of each (node, leading whitespace, depth), token regex caches and
+    the rule-size counter."""
+
+    def __init__(self, st: CompileState, alg: Algebra):
+        super().__init__(st)
+        self.alg = alg
+        self.g = st.g
+        self.lx = st.lx
+        self.indent = st.indent
+        self.ws = st.ws
+        self.unordered_max = st.unordered_max
+        self.gen_memo: dict = {}
+        self.str_tok_cache: dict = {}
+        self.num_tok_cache: dict = {}
+        self.n_alts = 0
+
+    def lead_inner(self, depth: int) -> int:
+        if self.indent is None:
+            return self.ws
+        return self.ex.literal("\n" + " " * (self.indent * (depth + 1)))
+
+    def lead_close(self, depth: int) -> int:
+        if self.indent is None:
+            return self.ws
+        return self.ex.literal("\n" + " " * (self.indent * depth))
+
+    def tok(self, lead: int, e: int) -> int:
+        return ~self.ex.concat(lead, e)
+
+    def gen(self, node: Node, lead: int, depth: int) -> int:
+        if self.indent is None:
+            depth = 0
+        key = (id(node), lead, depth)
+        nt = self.gen_memo.get(key)
+        if nt is not None:
+            return nt
+        g = self.g
+        nt = g.fresh("v")
+        self.gen_memo[key] = nt
+        self.st.keep.append(node)
+        if self.indent is not None and depth > 64:
+            g.define(nt, [])
+            return nt
+        if isinstance(node, Ref):
+            g.define(nt, [[self.gen(node.resolve(), lead, depth)]])
+        elif isinstance(node, OneOf):
+            g.define(nt, [[self.gen(self.alg.resolve_oneof(node), lead, depth)]])
+        elif isinstance(node, Union):
+            g.define(nt, [[self.gen(o, lead, depth)] for o in node.options])
+        else:
+            g.define(nt, self.gen_typed(node, lead, depth))
+        self.n_alts += len(g.rules[nt])
+        if self.n_alts > MAX_RULES:
+            raise GrammarTooComplexError("the schema's grammar exceeds its size bound")
+        return nt
+
+    def gen_typed(self, t: Typed, lead: int, depth: int) -> list:
+        ex = self.ex
+        scal = []
+        if t.null:
+            scal.append(ex.literal("null"))
+        if True in t.boolean:
+            scal.append(ex.literal("true"))
+        if False in t.boolean:
+            scal.append(ex.literal("false"))
+        if t.num is not None:
+            scal.append(self.num_tok(t.num))
+        if t.string is not None:
+            scal.append(self.str_tok(t.string))
+        alts = []
+        e = ex.alt(*scal)
+        if e != EMPTY:
+            alts.append([self.tok(lead, e)])
+        if t.array is not None:
+            alts.extend(self.gen_array(t.array, lead, depth))
+        if t.obj is not None:
+            alts.extend(self.gen_object(t.obj, lead, depth))
+        return alts
+
+    def num_tok(self, n: NumC) -> int:
+        key = (n.integer, n.lo, n.lo_excl, n.hi, n.hi_excl, n.mults, n.excl, n.nonint, n.nmults)
+        e = self.num_tok_cache.get(key)
+        if e is None:
+            e = number_regex(self.ex, integer=n.integer, lo=n.lo, lo_excl=n.lo_excl, hi=n.hi, hi_excl=n.hi_excl,
+                             multiple_of=n.mults, excluded=n.excl, nonint=n.nonint, not_multiple_of=n.nmults,
+                             full_number=self.lx.number)
+            self.num_tok_cache[key] = e
+        return e
+
+    def str_body(self, sc: StrC) -> int:
+        ex = self.ex
+        S = self.strings
+        if sc.literals is not None:
+            return ex.alt(*[S.literal(v, False) for v in sc.literals])
+        parts = []
+        if sc.expr is not None:
+            parts.append(S.enc(sc.expr))
+        if sc.min_len or sc.max_len is not None:
+            if sc.min_len > MAX_UNROLL * 10:
+                raise GrammarTooComplexError("minLength too large")
+            parts.append(ex.repeat(S.unit, sc.min_len, sc.max_len))
+        if sc.excl:
+            parts.append(ex.complement(ex.alt(*[S.literal(v, True) for v in sc.excl])))
+            if sc.expr is None:
+                parts.append(S.body_full)
+        if not parts:
+            return S.body_full
+        return ex.intersect(*parts)
+
+    def str_tok(self, sc: StrC) -> int:
+        e = self.str_tok_cache.get(id(sc))
+        if e is None:
+            q = self.strings.quote
+            e = self.ex.concat(q, self.str_body(sc), q)
+            self.str_tok_cache[id(sc)] = e
+            self.st.keep.append(sc)
+        return e
+
+    # -------------------------------------------------------------- arrays
+    def gen_array(self, a: ArrC, lead: int, depth: int) -> list:
+        ex, g = self.ex, self.g
+        mn, mx = a.min, a.max
+        prefix = list(a.prefix)
+        for i, p in enumerate(prefix):
+            if is_nothing(p):
+                mx = i if mx is None else min(mx, i)
+                prefix = prefix[:i]
+                break
+        items = a.items if a.items is not None else ANY
+        if is_nothing(items):
+            mx = len(prefix) if mx is None else min(mx, len(prefix))
+        if mx is not None and mn > mx:
+            return []
+        elem_lead = self.lead_inner(depth)
+        comma = self.tok(EPS if self.indent is not None else self.ws, ex.literal(","))
+        lk = self.tok(lead, ex.literal("["))
+        rk_empty = self.tok(EPS if self.indent is not None else self.ws, ex.literal("]"))
+        rk = self.tok(self.lead_close(depth), ex.literal("]"))
+
+        def elem(i: int) -> int:
+            n = prefix[i] if i < len(prefix) else items
+            return self.gen(n, elem_lead, depth + 1)
+
+        if a.unique and (mx is None or mx > 1):
+            r = self.gen_unique(a, prefix, items, mn, mx, elem_lead, depth, lk, rk, rk_empty, comma)
+            if r is not None:
+                return r
+        if a.contains:
+            return self.gen_contains(a, prefix, items, mn, mx, elem_lead, depth, lk, rk, rk_empty, comma)
+        K = max(len(prefix), mn)
+        if max(K, mx or 0) > MAX_UNROLL:
+            raise GrammarTooComplexError("minItems/maxItems/prefixItems too large to unroll")
+        alts = []
+        if mn == 0:
+            alts.append([lk, rk_empty])
+        if mx is not None and mx == 0:
+            return alts
+        # E[i]: the rest after i elements
+        tail = None
+        top = mx if mx is not None else K
+        E: dict[int, int] = {}
+        for i in range(top, 0, -1):
+            nt = g.fresh("items")
+            E[i] = nt
+        if mx is None:
+            tail = g.fresh("tail")
+            g.define(tail, [[], [tail, comma, self.gen(items, elem_lead, depth + 1)]])
+        for i in range(top, 0, -1):
+            nt = E[i]
+            if mx is not None and i == mx:
+                g.define(nt, [[]])
+                continue
+            if mx is None and i >= K:
+                g.define(nt, [[tail]])
+                continue
+            nxt = E.get(i + 1, tail)
+            rule = [[comma, elem(i), nxt]]
+            if i >= mn:
+                rule.append([])
+            g.define(nt, rule)
+        first_rest = E[1] if 1 in E else tail
+        alts.append([lk, elem(0), first_rest, rk])
+        return alts
+
+    def finite_values(self, n: Node, out: dict) -> bool:
+        """Collect the distinct values of a finite scalar schema as {key: token expr}."""
+        n = self.alg.expand(n)
+        if isinstance(n, Union):
+            return all(self.finite_values(o, out) for o in n.options)
+        if not isinstance(n, Typed) or n.array is not None or n.obj is not None:
+            return False
+        ex = self.ex
+        if n.null:
+            out[("null",)] = ex.literal("null")
+        for b in n.boolean:
+            out[("bool", b)] = ex.literal("true" if b else "false")
+        if n.num is not None:
+            if n.num.lo is None or n.num.lo != n.num.hi:
+                return False
+            out[("num", n.num.lo)] = self.num_tok(n.num)
+        if n.string is not None:
+            if n.string.literals is None:
+                return False
+            for v in n.string.literals:
+                out[("str", v)] = self.str_tok(StrC(literals=frozenset({v})))
+        return len(out) <= MAX_UNIQUE_VALUES
+
+    def gen_unique(self, a, prefix, items, mn, mx, elem_lead, depth, lk, rk, rk_empty, comma):
+        g = self.g
+        vals: dict = {}
+        if prefix or not self.finite_values(items, vals):
+            self.st.unsupported("uniqueItems", a.unique, "uniqueItems is only enforced for arrays of at most "
+                             f"{MAX_UNIQUE_VALUES} distinct scalar values or maxItems <= 1")
+            return None
+        toks = [e for e in vals.values()]
+        n = len(toks)
+        top = n if mx is None else min(n, mx)
+        memo: dict[int, int] = {}
+
+        def U(mask: int, count: int) -> int:
+            nt = memo.get(mask)
+            if nt is not None:
+                return nt
+            nt = g.fresh("uniq")
+            memo[mask] = nt
+            rule = []
+            if count >= mn:
+                rule.append([])
+            if count < top:
+                for j in range(n):
+                    if not mask >> j & 1:
+                        rule.append([comma, self.tok(elem_lead, toks[j]), U(mask | 1 << j, count + 1)])
+            g.define(nt, rule)
+            return nt
+
+        try:
+            alts = []
+            if mn == 0:
+                alts.append([lk, rk_empty])
+            if top >= 1:
+                for j in range(n):
+                    alts.append([lk, self.tok(elem_lead, toks[j]), U(1 << j, 1), rk])
+            return alts
+        finally:
+            U = None  # break the closures' reference cycle
+
+    def gen_contains(self, a, prefix, items, mn, mx, elem_lead, depth, lk, rk, rk_empty, comma):
+        """Arrays with contains clauses: the state counts the items matching each clause (capped);
+        an item is a hit or a miss of each clause (a miss must match the complement only when
+        maxContains bounds the clause)."""
+        g = self.g
+        if len(a.contains) > 3:
+            raise GrammarTooComplexError("too many contains constraints on one array")
+        clauses = []
+        for c, cmin, cmax, cptr, start in a.contains:
+            neg = None
+            if cmax is not None:
+                try:
+                    neg = self.alg.negate(c, cptr)
+                except CannotNegate as e:
+                    self.st.unsupported("maxContains", cptr, f"cannot compute the complement of the contains schema ({e})")
+                    cmax = None
+            clauses.append((c, cmin, cmax, neg, start, cmin if cmax is None else cmax + 1))
+        nc = len(clauses)
+        K = max([len(prefix), mn] + [cl[4] for cl in clauses])
+        top = mx if mx is not None else K
+        states = top + 1
+        for cl in clauses:
+            states *= cl[5] + 1
+        if states > MAX_OBJECT_STATES:
+            raise GrammarTooComplexError("contains with large bounds")
+
+        def elem_node(i):
+            return prefix[i] if i < len(prefix) else items
+
+        elem_memo: dict = {}
+
+        def elements(i: int) -> list:
+            """[(value nonterminal, hit bits)] for the item at index i."""
+            key = min(i, K) if i >= len(prefix) else i
+            r = elem_memo.get(key)
+            if r is not None:
+                return r
+            r = []
+            for bits in range(1 << nc):
+                node = elem_node(i)
+                ok = True
+                for j, (c, _, cmax, neg, start, _) in enumerate(clauses):
+                    if bits >> j & 1:
+                        if i < start:
+                            ok = False
+                            break
+                        node = self.alg.isect(node, c)
+                    elif neg is not None and i >= start:
+                        node = self.alg.isect(node, neg)
+                if ok and not is_nothing(node):
+                    r.append((self.gen(node, elem_lead, depth + 1), bits))
+            elem_memo[key] = r
+            return r
+
+        def ok_end(ks) -> bool:
+            return all(k >= cl[1] and (cl[2] is None or k <= cl[2]) for k, cl in zip(ks, clauses))
+
+        def step(ks, bits):
+            out = []
+            for j, (k, cl) in enumerate(zip(ks, clauses)):
+                if bits >> j & 1:
+                    if cl[2] is not None and k + 1 > cl[2]:
+                        return None
+                    k = min(k + 1, cl[5])
+                out.append(k)
+            return tuple(out)
+
+        memo: dict = {}
+
+        def S(i: int, ks) -> int:
+            if mx is None and i > K:
+                i = K
+            key = (i, ks)
+            nt = memo.get(key)
+            if nt is not None:
+                return nt
+            nt = g.fresh("contains")
+            memo[key] = nt
+            rule = []
+            if i >= mn and ok_end(ks):
+                rule.append([])
+            if mx is None or i < mx:
+                for v, bits in elements(i):
+                    nk = step(ks, bits)
+                    if nk is not None:
+                        rule.append([comma, v, S(i + 1, nk)])
+            g.define(nt, rule)
+            return nt
+
+        try:
+            zero = (0,) * nc
+            alts = []
+            if mn == 0 and ok_end(zero):
+                alts.append([lk, rk_empty])
+            if mx is None or mx >= 1:
+                for v, bits in elements(0):
+                    nk = step(zero, bits)
+                    if nk is not None:
+                        alts.append([lk, v, S(1, nk), rk])
+            return alts
+        finally:
+            S = None  # break the closures' reference cycle
+
+    # -------------------------------------------------------------- objects
+    def key_regions(self, o: ObjC, declared: list) -> list:
+        """[(decoded key language or None for any, value node)] for undeclared keys: the key space
+        is split by which patternProperties match (regions refined one pattern at a time, dead
+        regions dropped)."""
+        ex = self.ex
+        groups: dict[int, list] = {}   # pattern expr -> [(conj index, node)]
+        for ci, c in enumerate(o.rest):
+            for _, e, pn in c.patterns:
+                groups.setdefault(e, []).append((ci, pn))
+        regions = [(self.alg.str_lang(o.names) if o.names is not None else None, ())]
+        for e, _ in groups.items():
+            new = []
+            for lang, hits in regions:
+                pos = e if lang is None else ex.intersect(lang, e)
+                neg = ex.intersect(ex.complement(e), self.strings.any_dec if lang is None else lang)
+                for lg, h in ((pos, hits + (e,)), (neg, hits)):
+                    if self.alg.lang_empty(lg) is not True:
+                        new.append((lg, h))
+            regions = new
+            if len(regions) > MAX_PATTERN_REGIONS:
+                raise GrammarTooComplexError("too many patternProperties regions")
+        out = []
+        for lang, hits in regions:
+            v = ANY
+            for ci, c in enumerate(o.rest):
+                mine = [pn for e in hits for cj, pn in groups[e] if cj == ci]
+                if mine:
+                    for pn in mine:
+                        v = self.alg.isect(v, pn)
+                elif c.additional is not None:
+                    v = self.alg.isect(v, c.additional)
+            if not is_nothing(v):
+                out.append((lang, v))
+        return out
+
+    def gen_object(self, o: ObjC, lead: int, depth: int) -> list:
+        ex, g = self.ex, self.g
+        S = self.strings
+        props = list(o.props)
+        declared = {k for k, _ in props}
+        for r in o.required:
+            if r not in declared:
+                props.append((r, self.alg.rest_value(o, r)))
+        members = []   # (key token, value nt, required)
+        for k, v in props:
+            if o.names is not None and not self.alg.str_ok(o.names, k):
+                v = NOTHING
+            req = k in o.required
+            if is_nothing(v):
+                if req:
+                    return []
+                continue
+            members.append((k, v, req))
+        key_lead = self.lead_inner(depth)
+        colon = ex.concat(self.ws, ex.literal(":")) if self.indent is None else ex.literal(":")
+        vlead = self.ws if self.indent is None else ex.literal(" ")
+        sep_ws = EPS if self.indent is not None else self.ws
+        comma = self.tok(sep_ws, ex.literal(","))
+        lb = self.tok(lead, ex.literal("{"))
+        rb_empty = self.tok(sep_ws, ex.literal("}"))
+        rb = self.tok(self.lead_close(depth), ex.literal("}"))
+        q = S.quote
+        clauses = list(o.some)
+        if len(clauses) > 4:
+            raise GrammarTooComplexError("too many existential property constraints (from not/oneOf)")
+        full = (1 << len(clauses)) - 1
+        subsets = [t for t in range(1, full + 1)]
+
+        def key_tok(body: int) -> int:
+            return self.tok(key_lead, ex.concat(q, body, q, colon))
+
+        mem = []   # per declared member: ([(symbols, bits)], required)
+        for k, v, req in members:
+            kb = k.encode("utf-8", "surrogatepass")
+            ktok = key_tok(S.literal(k, False))
+            variants = [([ktok, self.gen(v, vlead, depth + 1)], 0)]
+            for t in subsets:
+                cl = [clauses[c] for c in range(len(clauses)) if t >> c & 1]
+                if all(ex.matches(lang, kb) for lang, _ in cl):
+                    vv = v
+                    for _, cv in cl:
+                        vv = self.alg.isect(vv, cv)
+                    if not is_nothing(vv):
+                        variants.append(([ktok, self.gen(vv, vlead, depth + 1)], t))
+            mem.append((variants, req))
+        all_names = [k for k, _ in props]
+        # keys are spelled like the declared ones (raw ASCII, short escapes, \\uXXXX for control and
+        # non-ASCII characters): other keys are those spellings minus the declared names'
+        excl_declared = ex.complement(ex.alt(*[S.literal(k, False) for k in all_names])) if all_names else None
+        add_alts = []   # [(symbols, bits)]
+        for lang, v in self.key_regions(o, all_names):
+            for t in [0] + subsets:
+                cl = [clauses[c] for c in range(len(clauses)) if t >> c & 1]
+                lg, vv = lang, v
+                for cl_lang, cv in cl:
+                    lg = cl_lang if lg is None else ex.intersect(lg, cl_lang)
+                    vv = self.alg.isect(vv, cv)
+                if is_nothing(vv):
+                    continue
+                if t:
+                    dec = ex.intersect(lg, ex.complement(ex.alt(*[ex.literal(k.encode("utf-8", "surrogatepass"))
+                                                                 for k in all_names]))) if all_names else lg
+                    if self.alg.lang_empty(dec) is True:
+                        continue
+                body = S.body_restricted if lg is None else S.enc(lg)
+                if excl_declared is not None:
+                    body = ex.intersect(body, excl_declared)
+                add_alts.append(([key_tok(body), self.gen(vv, vlead, depth + 1)], t))
+        n = len(mem)
+        mn, mx = o.min, o.max
+        if mx is not None and sum(1 for _, r in mem if r) > mx:
+            return []
+        if not add_alts:
+            if mn > n:
+                return []
+            if mx is not None and mx >= n:
+                mx = None
+        cap = max(mn, mx) if mx is not None else mn
+        if 1 < n <= self.unordered_max:
+            return self.gen_unordered(mem, add_alts, mn, mx, cap, full, comma, lb, rb, rb_empty)
+        if (n + 1) * (cap + 1) * (full + 1) > MAX_OBJECT_STATES:
+            raise GrammarTooComplexError("object with too many properties/counts")
+        req_from = [False] * (n + 1)
+        for i in range(n - 1, -1, -1):
+            req_from[i] = req_from[i + 1] or mem[i][1]
+
+        def cnt(c: int) -> int:
+            return min(c, cap) if mx is None else c
+
+        def can_add(c: int) -> bool:
+            return mx is None or c + 1 <= mx
+
+        Rm: dict = {}
+        Dm: dict = {}
+
+        def R(i: int, c: int, f: int) -> int:
+            key = (i, c, f)
+            nt = Rm.get(key)
+            if nt is not None:
+                return nt
+            nt = g.fresh("members")
+            Rm[key] = nt
+            rule = []
+            if can_add(c):
+                for syms, bits in add_alts:
+                    rule.append([comma, *syms, R(i, cnt(c + 1), f | bits)])
+            rule.append([D(i, c, f)])
+            g.define(nt, rule)
+            return nt
+
+        def D(i: int, c: int, f: int) -> int:
+            key = (i, c, f)
+            nt = Dm.get(key)
+            if nt is not None:
+                return nt
+            nt = g.fresh("props")
+            Dm[key] = nt
+            rule = []
+            if i == n:
+                if c >= mn and f == full:
+                    rule.append([])
+            else:
+                if can_add(c):
+                    for syms, bits in mem[i][0]:
+                        rule.append([comma, *syms, R(i + 1, cnt(c + 1), f | bits)])
+                if not mem[i][1]:
+                    rule.append([D(i + 1, c, f)])
+            g.define(nt, rule)
+            return nt
+
+        try:
+            alts = []
+            if not req_from[0] and mn == 0 and full == 0:
+                alts.append([lb, rb_empty])
+            if mx is not None and mx == 0:
+                return alts
+            first = g.fresh("first")
+            frule = []
+            for syms, bits in add_alts:
+                frule.append([*syms, R(0, cnt(1), bits)])
+            FD: dict = {}
+
+            def Fd(i: int) -> int:
+                nt = FD.get(i)
+                if nt is not None:
+                    return nt
+                nt = g.fresh("firstprop")
+                FD[i] = nt
+                rule = []
+                if i < n:
+                    for syms, bits in mem[i][0]:
+                        rule.append([*syms, R(i + 1, cnt(1), bits)])
+                    if not mem[i][1]:
+                        rule.append([Fd(i + 1)])
+                g.define(nt, rule)
+                return nt
+
+            frule.append([Fd(0)])
+            g.define(first, frule)
+            alts.append([lb, first, rb])
+            return alts
+        finally:
+            R = D = Fd = None  # break the closures' reference cycle
+
+
+    def gen_unordered(self, mem, add_alts, mn, mx, cap, full, comma, lb, rb, rb_empty) -> list:
+        """Members in any order: the state is the set of declared properties already present
+        (2^n states, so only for small n)."""
+        g = self.g
+        n = len(mem)
+        req_mask = sum(1 << j for j in range(n) if mem[j][1])
+
+        def cnt(c: int) -> int:
+            return min(c, cap) if mx is None else c
+
+        def can_add(c: int) -> bool:
+            return mx is None or c + 1 <= mx
+
+        memo: dict = {}
+
+        def U(seen: int, c: int, f: int) -> int:
+            key = (seen, c, f)
+            nt = memo.get(key)
+            if nt is not None:
+                return nt
+            if len(memo) > MAX_OBJECT_STATES:
+                raise GrammarTooComplexError("object with too many unordered properties")
+            nt = g.fresh("members")
+            memo[key] = nt
+            rule = []
+            if seen & req_mask == req_mask and c >= mn and f == full:
+                rule.append([])
+            if can_add(c):
+                for j in range(n):
+                    if not seen >> j & 1:
+                        for syms, bits in mem[j][0]:
+                            rule.append([comma, *syms, U(seen | 1 << j, cnt(c + 1), f | bits)])
+                for syms, bits in add_alts:
+                    rule.append([comma, *syms, U(seen, cnt(c + 1), f | bits)])
+            g.define(nt, rule)
+            return nt
+
+        try:
+            alts = []
+            if not req_mask and mn == 0 and full == 0:
+                alts.append([lb, rb_empty])
+            if mx is not None and mx == 0:
+                return alts
+            for j in range(n):
+                for syms, bits in mem[j][0]:
+                    alts.append([lb, *syms, U(1 << j, cnt(1), bits), rb])
+            for syms, bits in add_alts:
+                alts.append([lb, *syms, U(0, cnt(1), bits), rb])
+            return alts
+        finally:
+            U = None  # break the closures' reference cycle

@@ -1,0 +1,96 @@
+"""The ``$ref`` registry of one schema document: resources (``$id``), anchors, and resolution."""
+from __future__ import annotations
+
+from functools import lru_cache
+from urllib.parse import unquote, urldefrag, urljoin
+
+from ...errors import InvalidSchemaError, UnsupportedSchemaError
+
+__all__ = ["RefRegistry"]
+
+
+@lru_cache(maxsize=4096)
+def _urldefrag(url: str) -> tuple[str, str]:
+    """``urldefrag`` (slow in CPython) for the few base URIs a schema has."""
+    r = urldefrag(url)
+    return r[0], r[1]
+
+
+class RefRegistry:
+    """Every resource (``$id``) and anchor of the document ``root``, indexed when made; resolves
+    ``$ref`` values against them. Nothing remote is fetched."""
+
+    def __init__(self, root, draft: int):
+        self.root = root
+        self.draft = draft
+        self.base0 = "https://grammask.invalid/root.json"
+        self.resources: dict[str, tuple] = {}
+        self.anchors: dict[str, tuple] = {}
+        self._index(root, self.base0, True)
+
+    def own_base(self, s: dict, parent: str) -> str:
+        sid = s.get("$id") if self.draft > 4 else s.get("id")
+        if isinstance(sid, str) and not (sid.startswith("#") and self.draft <= 7):
+            return urljoin(parent, sid)
+        return parent
+
+    def _index(self, s, parent: str, top: bool = False) -> None:
+        """Register resources ($id), anchors ($anchor, $dynamicAnchor, draft 4-7 '#name' ids).
+        Each entry is ``(schema, base URI of its parent)``."""
+        if isinstance(s, list):
+            for x in s:
+                self._index(x, parent)
+            return
+        if not isinstance(s, dict):
+            return
+        base = self.own_base(s, parent)
+        url, frag = _urldefrag(base)
+        if top:
+            self.resources.setdefault(_urldefrag(self.base0)[0], (s, parent))
+        if base != parent or top:
+            self.resources.setdefault(url, (s, parent))
+            if frag and not frag.startswith("/"):
+                self.anchors.setdefault(url + "#" + frag, (s, parent))
+        sid = s.get("$id") if self.draft > 4 else s.get("id")
+        if isinstance(sid, str) and sid.startswith("#") and self.draft <= 7:
+            self.anchors.setdefault(url + sid, (s, parent))
+        for akw in ("$anchor", "$dynamicAnchor"):
+            a = s.get(akw)
+            if isinstance(a, str):
+                self.anchors.setdefault(url + "#" + a, (s, parent))
+        for k, v in s.items():
+            if k in ("enum", "const", "examples", "default", "example"):
+                continue
+            if isinstance(v, (dict, list)):
+                self._index(v, base)
+
+    def resolve(self, ref: str, base: str, pointer: str):
+        """``(target, base URI of the target's parent, display name)``."""
+        if not isinstance(ref, str):
+            raise InvalidSchemaError("$ref must be a string", pointer)
+        full = urljoin(base, ref)
+        url, frag = urldefrag(full)
+        if not url:
+            url = urldefrag(base)[0]
+        res = self.resources.get(url)
+        if res is None:
+            raise UnsupportedSchemaError(f"cannot resolve $ref {ref!r} (remote references are not fetched)",
+                                         "$ref", pointer)
+        doc, parent = res
+        if not frag or frag.startswith("/"):
+            target, tparent = doc, parent
+            for raw in (frag.split("/")[1:] if frag else []):
+                part = unquote(raw).replace("~1", "/").replace("~0", "~")
+                here = self.own_base(target, tparent) if isinstance(target, dict) else tparent
+                if isinstance(target, dict) and part in target:
+                    target = target[part]
+                elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+                    target = target[int(part)]
+                else:
+                    raise InvalidSchemaError(f"$ref {ref!r} points to nothing", pointer)
+                tparent = here
+            return target, tparent, "#" + frag if doc is self.root else full
+        hit = self.anchors.get(url + "#" + frag)
+        if hit is None:
+            raise InvalidSchemaError(f"$ref {ref!r}: anchor not found", pointer)
+        return hit[0], hit[1], full

@@ -1,0 +1,79 @@
+"""What the stages of one compile share: :class:`CompileState`.
+
+A compile is three objects over one state: :class:`~.to_ir.SchemaReader` (schema -> IR),
+:class:`~.algebra.Algebra` (intersections, complements, emptiness) and
+:class:`~.generate.GrammarGenerator` (IR -> grammar). Each keeps its own memo tables and
+counters; what they share is here, explicitly: the grammar being built and its ExprSet, the JSON
+lexemes and string encodings, the options, the warnings of ``lenient`` mode, every :class:`Ref`
+made (so :meth:`CompileState.close` can unlink them), and the list that keeps memo-keyed objects
+alive (memo keys are ``id()`` s, which must stay unique while the compile runs).
+"""
+from __future__ import annotations
+
+from ...errors import UnsupportedSchemaError
+from ..builtin import JsonLexemes, whitespace_expr
+from ..cfg import Grammar
+from ..regexset import EPS
+from .input import detect_draft
+from .ir import Ref
+from .strings import Strings
+
+__all__ = ["CompileState", "Stage"]
+
+
+class CompileState:
+    def __init__(self, root, *, whitespace, max_whitespace, strict, lenient, indent, unordered_max=0, exprs=None):
+        self.root = root
+        self.unordered_max = unordered_max
+        self.refs: list[Ref] = []   # every Ref made: unlinked by close()
+        self.g = Grammar(exprs)
+        self.ex = self.g.exprs
+        # the JSON lexemes and the string-encoding caches live with the ExprSet: a compiler that
+        # shares one ExprSet across schemas builds them once
+        shared = self.ex.__dict__.setdefault("_json_schema_shared", {})
+        if "lx" not in shared:
+            shared["lx"] = JsonLexemes(self.ex)
+            shared["strings"] = Strings(self.ex, shared["lx"])
+        self.lx = shared["lx"]
+        self.strict = strict
+        self.lenient = lenient
+        self.indent = indent
+        self.ws = whitespace_expr(self.ex, whitespace, max_whitespace) if indent is None else EPS
+        self.strings = shared["strings"]
+        self.warnings: list[str] = []
+        self.draft = detect_draft(root)
+        self.keep: list = []   # keeps memo-keyed nodes alive (ids stay unique)
+
+    def unsupported(self, keyword: str, pointer: str, message: str) -> None:
+        """Raise, or (lenient) record a warning: the caller then ignores the keyword."""
+        if not self.lenient:
+            raise UnsupportedSchemaError(message, keyword, pointer)
+        self.warnings.append(f"{pointer or '#'}: {keyword}: {message} (ignored)")
+
+    def new_ref(self, name: str, target) -> Ref:
+        r = Ref(name, target)
+        self.refs.append(r)
+        return r
+
+    def close(self) -> None:
+        """Drop the compile state. The IR of a recursive schema is cyclic (a Ref resolves to a
+        node that contains it), and the memo tables and generator closures refer to one
+        another: unlinking them lets reference counting free it all at once, rather than leave
+        it to a full pass of the cyclic garbage collector (a pause of up to a second once such
+        garbage has piled up, landing on some later mask)."""
+        for r in self.refs:
+            r.target = r._node = None
+        self.__dict__.clear()
+
+
+class Stage:
+    """A stage of one compile: it holds the shared :class:`CompileState` and its own tables,
+    all dropped by :meth:`close` (see :meth:`CompileState.close`)."""
+
+    def __init__(self, st: CompileState):
+        self.st = st
+        self.ex = st.ex
+        self.strings = st.strings
+
+    def close(self) -> None:
+        self.__dict__.clear()
