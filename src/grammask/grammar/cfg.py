@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import EmptyLanguageError, GrammarTooComplexError, UndefinedRuleError
-from .regexset import AND, BYTES, CONCAT, EPS, INF, NOT, OR, REPEAT, ExprSet
+from .regexset import CONCAT, EPS, INF, OR, REPEAT, ExprSet
 
 # flat symbol encoding in the Earley tables
 SYM_END = -1  # end of a production; the lexeme with index l is encoded as -(l + 2)

@@ -11,7 +11,7 @@ from collections import deque
 
 import numpy as np
 
-from ..errors import GrammarError, MatcherError
+from ..errors import MatcherError
 from .compiled import CompiledGrammar
 from .earley import OK
 from .mask import FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, jump_forward
@@ -141,7 +141,7 @@ class GrammarMatcher:
             self._s, self._h, self._lex_len, self._terminated = self._history.pop()
 
     def _has_continuation(self) -> bool:
-        st = self._call(allowed_bytes, self._s, self._h, tail=(self._ok,))
+        self._call(allowed_bytes, self._s, self._h, tail=(self._ok,))
         return bool(self._ok.any())
 
     def fill_next_token_bitmask(self, bitmask, index: int = 0, *, debug_print: bool = False) -> bool:

@@ -439,7 +439,6 @@ class AsyncEngine:
                         c.prefilled = True
                         r = c.request
                         r.prefill_span = (t0, t1) if r.prefill_span is None else (min(r.prefill_span[0], t0), t1)
-        rows: list[int] = []
         if masked:
             times, errors, m0, m1 = out["masks"]
             self._trace("mask", m0, m1, step=step, n_rows=len(masked),

@@ -22,7 +22,6 @@ Kinds::
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
 from ..errors import InvalidSchemaError

@@ -27,6 +27,7 @@ from .ir import (
     Union,
     arr_free,
     is_nothing,
+    meet,
     num_and,
     obj_free,
     type_mask,
@@ -243,8 +244,8 @@ class Algebra(Stage):
             lits = a.literals if a.literals is not None else b.literals
             other = b if a.literals is not None else a
             return StrC(literals=frozenset(v for v in lits if self.str_ok(other, v)))
-        expr = a.expr if b.expr is None else (b.expr if a.expr is None else self.ex.intersect(a.expr, b.expr))
-        mx = a.max_len if b.max_len is None else (b.max_len if a.max_len is None else min(a.max_len, b.max_len))
+        expr = meet(a.expr, b.expr, self.ex.intersect)
+        mx = meet(a.max_len, b.max_len, min)
         n_neg = a.n_neg + b.n_neg
         if n_neg > MAX_NEGATED_REGEXES:
             raise GrammarTooComplexError("too many complemented string patterns (not/oneOf over overlapping "
@@ -277,14 +278,8 @@ class Algebra(Stage):
     def arr_and(self, a: ArrC, b: ArrC) -> ArrC:
         n = max(len(a.prefix), len(b.prefix))
         prefix = tuple(self.isect(a.item(i), b.item(i)) for i in range(n))
-        if a.items is None:
-            items = b.items
-        elif b.items is None:
-            items = a.items
-        else:
-            items = self.isect(a.items, b.items)
-        mx = a.max if b.max is None else (b.max if a.max is None else min(a.max, b.max))
-        return ArrC(prefix, items, max(a.min, b.min), mx, a.unique or b.unique, a.contains + b.contains)
+        items = meet(a.items, b.items, self.isect)
+        return ArrC(prefix, items, max(a.min, b.min), meet(a.max, b.max, min), a.unique or b.unique, a.contains + b.contains)
 
     def arr_empty(self, a: ArrC) -> bool:
         mx = a.max
@@ -327,15 +322,9 @@ class Algebra(Stage):
             va = pa[k] if k in pa else self.rest_value(a, k)
             vb = pb[k] if k in pb else self.rest_value(b, k)
             props.append((k, self.isect(va, vb)))
-        if a.names is None:
-            names = b.names
-        elif b.names is None:
-            names = a.names
-        else:
-            names = self.str_and(a.names, b.names)
-        mx = a.max if b.max is None else (b.max if a.max is None else min(a.max, b.max))
+        names = meet(a.names, b.names, self.str_and)
         return ObjC(tuple(props), tuple(dict.fromkeys(a.required + b.required)), a.rest + b.rest, names,
-                    max(a.min, b.min), mx, a.some + b.some)
+                    max(a.min, b.min), meet(a.max, b.max, min), a.some + b.some)
 
     def obj_empty(self, o: ObjC) -> bool:
         if o.max is not None and o.min > o.max:
@@ -582,44 +571,43 @@ class Algebra(Stage):
                 return n
         raise GrammarTooComplexError("a chain of $ref does not end")
 
-    def unevaluated_props(self, node: Node, u: Node, ptr: str) -> Node:
-        if u is ANY:
-            return node
+    def _unevaluated(self, node: Node, ptr: str, keyword: str, what: str, rewrite) -> Node:
+        """Apply ``rewrite`` (a Typed option -> a new Typed, or None to keep it) to every option
+        of ``node``; an option that is not a plain Typed cannot be tracked."""
         node = self.expand(node)
         opts = node.options if isinstance(node, Union) else [node]
         out = []
         for o in opts:
             o = self.expand(o)
             if not isinstance(o, Typed):
-                self.st.unsupported("unevaluatedProperties", ptr, "cannot track evaluated properties here")
+                self.st.unsupported(keyword, ptr, f"cannot track evaluated {what} here")
                 return node
-            if o.obj is None:
-                out.append(o)
-                continue
+            t = rewrite(o)
+            out.append(o if t is None else self.norm_typed(t))
+        return self.union(out)
+
+    def unevaluated_props(self, node: Node, u: Node, ptr: str) -> Node:
+        if u is ANY:
+            return node
+
+        def rewrite(o: Typed) -> Typed | None:
             ob = o.obj
-            if any(c.additional is not None for c in ob.rest):
-                out.append(o)   # additionalProperties evaluates every key
-                continue
+            if ob is None or any(c.additional is not None for c in ob.rest):
+                return None   # no object, or additionalProperties evaluates every key
             pats = tuple((src, e, ANY) for c in ob.rest for src, e, _ in c.patterns)
             nob = replace(ob, rest=ob.rest + (Conj(pats, u),))
-            out.append(self.norm_typed(Typed(o.null, o.boolean, o.num, o.string, o.array, nob)))
-        return self.union(out)
+            return Typed(o.null, o.boolean, o.num, o.string, o.array, nob)
+
+        return self._unevaluated(node, ptr, "unevaluatedProperties", "properties", rewrite)
 
     def unevaluated_items(self, node: Node, u: Node, ptr: str) -> Node:
         if u is ANY:
             return node
-        node = self.expand(node)
-        opts = node.options if isinstance(node, Union) else [node]
-        out = []
-        for o in opts:
-            o = self.expand(o)
-            if not isinstance(o, Typed):
-                self.st.unsupported("unevaluatedItems", ptr, "cannot track evaluated items here")
-                return node
-            if o.array is None or o.array.items is not None:
-                out.append(o)
-                continue
+
+        def rewrite(o: Typed) -> Typed | None:
             a = o.array
-            na = ArrC(a.prefix, u, a.min, a.max, a.unique, a.contains)
-            out.append(self.norm_typed(Typed(o.null, o.boolean, o.num, o.string, na, o.obj)))
-        return self.union(out)
+            if a is None or a.items is not None:
+                return None
+            return Typed(o.null, o.boolean, o.num, o.string, ArrC(a.prefix, u, a.min, a.max, a.unique, a.contains), o.obj)
+
+        return self._unevaluated(node, ptr, "unevaluatedItems", "items", rewrite)

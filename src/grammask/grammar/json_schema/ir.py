@@ -141,6 +141,12 @@ def is_nothing(n: Node) -> bool:
     return False
 
 
+def meet(x, y, both):
+    """The conjunction of two optional constraints (``None``: unconstrained): the one that is
+    present, or ``both(x, y)`` when both are."""
+    return y if x is None else x if y is None else both(x, y)
+
+
 def num_and(a: NumC, b: NumC) -> NumC:
     lo, lo_excl = a.lo, a.lo_excl
     if b.lo is not None and (lo is None or b.lo > lo or (b.lo == lo and b.lo_excl)):

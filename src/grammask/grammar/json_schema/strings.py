@@ -131,7 +131,6 @@ class Strings:
         """Code point ranges if ``e`` denotes a set of single characters, else None."""
         if e in self._chars:
             return self._chars[e]
-        ex = self.ex
         r = None
         lo_len, hi_len = self._len_bounds(e)
         if 1 <= lo_len and hi_len <= 4:
