@@ -278,7 +278,8 @@ class Algebra(Stage):
     def arr_and(self, a: ArrC, b: ArrC) -> ArrC:
         n = max(len(a.prefix), len(b.prefix))
         prefix = tuple(self.isect(a.item(i), b.item(i)) for i in range(n))
-        items = meet(a.items, b.items, self.isect)
+        # inline, not meet(): isect recurses through here, and a frame per level would halve the depth
+        items = b.items if a.items is None else a.items if b.items is None else self.isect(a.items, b.items)
         return ArrC(prefix, items, max(a.min, b.min), meet(a.max, b.max, min), a.unique or b.unique, a.contains + b.contains)
 
     def arr_empty(self, a: ArrC) -> bool:

@@ -21,30 +21,6 @@ from .state import CompileState, Stage
 __all__ = ["GrammarGenerator"]
 
 
-class RuleMemo:
-    """Nonterminals made on demand, one per key. A nonterminal is registered before its rule is
-    built, so rules may refer to themselves, directly or through another memo. ``limit`` bounds
-    how many are made (past it :class:`GrammarTooComplexError` with ``too_many``)."""
-
-    __slots__ = ("g", "name", "build", "table", "limit", "too_many")
-
-    def __init__(self, g, name: str, build, limit: int | None = None, too_many: str = ""):
-        self.g, self.name, self.build = g, name, build
-        self.table: dict = {}
-        self.limit, self.too_many = limit, too_many
-
-    def __call__(self, *key) -> int:
-        nt = self.table.get(key)
-        if nt is not None:
-            return nt
-        if self.limit is not None and len(self.table) > self.limit:
-            raise GrammarTooComplexError(self.too_many)
-        nt = self.g.fresh(self.name)
-        self.table[key] = nt
-        self.g.define(nt, self.build(*key))
-        return nt
-
-
 class GrammarGenerator(Stage):
     """Writes the grammar of IR nodes into the shared :class:`~grammask.grammar.cfg.Grammar`. Its
     own state: the nonterminal of each (node, leading whitespace, depth), token regex caches and
@@ -264,8 +240,14 @@ class GrammarGenerator(Stage):
         toks = [e for e in vals.values()]
         n = len(toks)
         top = n if mx is None else min(n, mx)
-        def used(mask: int, count: int) -> list:
-            """The values in ``mask`` (``count`` of them) already used."""
+        memo: dict[int, int] = {}
+
+        def U(mask: int, count: int) -> int:
+            nt = memo.get(mask)
+            if nt is not None:
+                return nt
+            nt = g.fresh("uniq")
+            memo[mask] = nt
             rule = []
             if count >= mn:
                 rule.append([])
@@ -273,9 +255,9 @@ class GrammarGenerator(Stage):
                 for j in range(n):
                     if not mask >> j & 1:
                         rule.append([comma, self.tok(elem_lead, toks[j]), U(mask | 1 << j, count + 1)])
-            return rule
+            g.define(nt, rule)
+            return nt
 
-        U = RuleMemo(g, "uniq", used)   # count is the number of bits of mask: the key is the same
         try:
             alts = []
             if mn == 0:
@@ -354,8 +336,17 @@ class GrammarGenerator(Stage):
                 out.append(k)
             return tuple(out)
 
-        def after(i: int, ks) -> list:
-            """After ``i`` items (capped at K when unbounded), clause hit counts ``ks``."""
+        memo: dict = {}
+
+        def S(i: int, ks) -> int:
+            if mx is None and i > K:
+                i = K
+            key = (i, ks)
+            nt = memo.get(key)
+            if nt is not None:
+                return nt
+            nt = g.fresh("contains")
+            memo[key] = nt
             rule = []
             if i >= mn and ok_end(ks):
                 rule.append([])
@@ -364,12 +355,8 @@ class GrammarGenerator(Stage):
                     nk = step(ks, bits)
                     if nk is not None:
                         rule.append([comma, v, S(i + 1, nk)])
-            return rule
-
-        memo = RuleMemo(g, "contains", after)
-
-        def S(i: int, ks) -> int:
-            return memo(K if mx is None and i > K else i, ks)
+            g.define(nt, rule)
+            return nt
 
         try:
             zero = (0,) * nc
@@ -518,18 +505,31 @@ class GrammarGenerator(Stage):
         def can_add(c: int) -> bool:
             return mx is None or c + 1 <= mx
 
-        def members(i: int, c: int, f: int) -> list:
-            """After declared member ``i - 1``, ``c`` members so far, clause bits ``f``:
-            additional members, then the declared ones from ``i``."""
+        Rm: dict = {}
+        Dm: dict = {}
+
+        def R(i: int, c: int, f: int) -> int:
+            key = (i, c, f)
+            nt = Rm.get(key)
+            if nt is not None:
+                return nt
+            nt = g.fresh("members")
+            Rm[key] = nt
             rule = []
             if can_add(c):
                 for syms, bits in add_alts:
                     rule.append([comma, *syms, R(i, cnt(c + 1), f | bits)])
             rule.append([D(i, c, f)])
-            return rule
+            g.define(nt, rule)
+            return nt
 
-        def props(i: int, c: int, f: int) -> list:
-            """Declared member ``i`` or a later one (or the end)."""
+        def D(i: int, c: int, f: int) -> int:
+            key = (i, c, f)
+            nt = Dm.get(key)
+            if nt is not None:
+                return nt
+            nt = g.fresh("props")
+            Dm[key] = nt
             rule = []
             if i == n:
                 if c >= mn and f == full:
@@ -540,10 +540,9 @@ class GrammarGenerator(Stage):
                         rule.append([comma, *syms, R(i + 1, cnt(c + 1), f | bits)])
                 if not mem[i][1]:
                     rule.append([D(i + 1, c, f)])
-            return rule
+            g.define(nt, rule)
+            return nt
 
-        R = RuleMemo(g, "members", members)
-        D = RuleMemo(g, "props", props)
         try:
             alts = []
             if not req_from[0] and mn == 0 and full == 0:
@@ -554,17 +553,23 @@ class GrammarGenerator(Stage):
             frule = []
             for syms, bits in add_alts:
                 frule.append([*syms, R(0, cnt(1), bits)])
+            FD: dict = {}
 
-            def first_prop(i: int) -> list:
+            def Fd(i: int) -> int:
+                nt = FD.get(i)
+                if nt is not None:
+                    return nt
+                nt = g.fresh("firstprop")
+                FD[i] = nt
                 rule = []
                 if i < n:
                     for syms, bits in mem[i][0]:
                         rule.append([*syms, R(i + 1, cnt(1), bits)])
                     if not mem[i][1]:
                         rule.append([Fd(i + 1)])
-                return rule
+                g.define(nt, rule)
+                return nt
 
-            Fd = RuleMemo(g, "firstprop", first_prop)
             frule.append([Fd(0)])
             g.define(first, frule)
             alts.append([lb, first, rb])
@@ -586,8 +591,17 @@ class GrammarGenerator(Stage):
         def can_add(c: int) -> bool:
             return mx is None or c + 1 <= mx
 
-        def members(seen: int, c: int, f: int) -> list:
-            """Declared members ``seen`` (a bit set) present, ``c`` members, clause bits ``f``."""
+        memo: dict = {}
+
+        def U(seen: int, c: int, f: int) -> int:
+            key = (seen, c, f)
+            nt = memo.get(key)
+            if nt is not None:
+                return nt
+            if len(memo) > MAX_OBJECT_STATES:
+                raise GrammarTooComplexError("object with too many unordered properties")
+            nt = g.fresh("members")
+            memo[key] = nt
             rule = []
             if seen & req_mask == req_mask and c >= mn and f == full:
                 rule.append([])
@@ -598,9 +612,9 @@ class GrammarGenerator(Stage):
                             rule.append([comma, *syms, U(seen | 1 << j, cnt(c + 1), f | bits)])
                 for syms, bits in add_alts:
                     rule.append([comma, *syms, U(seen, cnt(c + 1), f | bits)])
-            return rule
+            g.define(nt, rule)
+            return nt
 
-        U = RuleMemo(g, "members", members, MAX_OBJECT_STATES, "object with too many unordered properties")
         try:
             alts = []
             if not req_mask and mn == 0 and full == 0:
