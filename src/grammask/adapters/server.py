@@ -66,6 +66,7 @@ from ..errors import (
     InvalidSchemaError,
     UnsupportedSchemaError,
 )
+from ..pipeline.scheduler import QueueFullError
 
 try:
     from starlette.applications import Starlette
@@ -90,10 +91,6 @@ __all__ = ["DEFAULT_MAX_CONCURRENCY", "GrammaskServer", "QueueFullError", "creat
 
 
 # ---------------------------------------------------------------------------------------------- errors
-class QueueFullError(GrammaskError, RuntimeError):
-    """Every slot is busy and the waiting queue is full (HTTP 503 with ``Retry-After``)."""
-
-
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     """OpenAI's error object."""
@@ -164,6 +161,7 @@ class _Slots:
         self._waiters: deque[anyio.Event] = deque()
         self.admitted = 0
         self.rejected = 0
+        self.max_waiting_seen = 0
 
     @property
     def waiting(self) -> int:
@@ -180,6 +178,7 @@ class _Slots:
                                  f"waiting (max_concurrency {self.limit}, max_queue {self.max_queue}); retry later")
         ev = anyio.Event()
         self._waiters.append(ev)
+        self.max_waiting_seen = max(self.max_waiting_seen, len(self._waiters))
         try:
             await ev.wait()
         except BaseException:
@@ -277,11 +276,18 @@ class GrammaskServer:
             "max_queue": self.slots.max_queue,
             "admitted": self.slots.admitted,
             "rejected": self.slots.rejected,
+            "max_waiting_seen": self.slots.max_waiting_seen,
             "completed": self.completed,
             "failed": self.failed,
             "disconnected": self.disconnected,
             "engine_requests": len(eng.active_requests) if eng is not None else 0,
+            # the engine's own admission queue (sequences holding a cache, requests waiting for one)
+            "engine": eng.scheduler_stats if eng is not None and hasattr(eng, "scheduler_stats") else None,
         }
+
+    def retry_headers(self, status: int) -> dict[str, str] | None:
+        """``Retry-After`` for a 503 (a full queue, the server's or the engine's)."""
+        return {"retry-after": str(max(1, math.ceil(self.retry_after)))} if status == 503 else None
 
 
 # ---------------------------------------------------------------------------------------------- ASGI helpers
@@ -421,8 +427,7 @@ class _ChatCompletionsEndpoint:
             return
         if error is not None:
             status, err = error_for_exception(error, req)
-            hdr = {"retry-after": str(max(1, math.ceil(server.retry_after)))} if status == 503 else None
-            await _send_json(send, status, err, hdr)
+            await _send_json(send, status, err, server.retry_headers(status))
             return
         handed_over = False
         try:
@@ -447,7 +452,8 @@ class _ChatCompletionsEndpoint:
             status, err = error_for_exception(error, req)
             if status >= 500:
                 logger.warning("request failed: %s: %s", type(error).__name__, error)
-            await _send_json(send, status, err)
+            await _send_json(send, status, err, server.retry_headers(status) if isinstance(error, QueueFullError)
+                             else None)
             return
         server.completed += 1
         await _send_json(send, 200, result.model_dump_json().encode("utf-8"), {"x-request-id": result.id})
@@ -466,7 +472,8 @@ class _ChatCompletionsEndpoint:
             if error is not None:
                 server.failed += 1
                 status, err = error_for_exception(error, req)
-                await _send_json(send, status, err)
+                await _send_json(send, status, err, server.retry_headers(status)
+                                 if isinstance(error, QueueFullError) else None)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
