@@ -276,6 +276,41 @@ def test_queue_full_is_503_with_retry_after():
         assert wait_until(lambda: srv.slots.active == 0) and srv.slots.rejected == 2
 
 
+def test_engine_queue_full_is_503_with_retry_after():
+    """The engine's own admission queue (max_running caches, max_queue waiting) past its limit: 503 +
+    Retry-After, streaming or not, while the running and the queued requests finish."""
+    backend = scripted(forward_delay=0.02)
+    app = create_app(model=backend, max_concurrency=8, max_queue=8, retry_after=3,
+                     engine_kwargs={"max_running": 1, "max_queue": 1})
+    with serve_in_thread(app) as url:
+        srv = app.state.grammask
+        results: dict[str, object] = {}
+
+        def run(name):
+            try:
+                results[name] = client(url).chat.completions.create(model="m", messages=user(LONG), max_tokens=40,
+                                                                    temperature=0)
+            except Exception as e:
+                results[name] = e
+
+        threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+        threads[0].start()
+        assert wait_until(lambda: srv.engine is not None and srv.engine.scheduler_stats["running_seqs"] == 1)
+        threads[1].start()
+        assert wait_until(lambda: srv.engine.scheduler_stats["waiting"] == 1)
+        assert httpx.get(url + "/health").json()["engine"]["waiting"] == 1
+        for stream in (False, True):
+            raw = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": user("hi"),
+                                                                 "stream": stream})
+            assert raw.status_code == 503 and raw.headers["retry-after"] == "3", raw.text
+            assert raw.json()["error"]["code"] == "queue_full"
+        for t in threads:
+            t.join(60)
+        assert all(getattr(r, "choices", None) for r in results.values()), results
+        assert len(backend.live) <= 1
+        assert wait_until(lambda: not srv.engine.active_requests) and not backend.live
+
+
 def test_client_dropped_mid_stream_frees_its_slot_at_once():
     backend = scripted(forward_delay=0.03)
     app = create_app(model=backend, max_concurrency=1, max_queue=4)

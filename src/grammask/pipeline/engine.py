@@ -15,9 +15,15 @@ How a request runs
    before anything else happens), the prompt tokenized, one backend sequence made per choice.
 2. *Admission*: the grammar is compiled (or taken from the LRU cache) in a worker thread while the
    prompt is prefilled (anyio task group); a compile error fails the request cleanly.
+   A request gets its backend sequences (caches) when it is admitted: at most ``max_running``
+   sequences at once; the others wait in a FIFO of at most ``max_queue`` requests (past it:
+   :class:`~.scheduler.QueueFullError`, the server's 503) and are admitted as slots free.
 3. *Steps*: there is no background task. Whoever waits for progress (a ``create`` call, a stream's
-   ``__anext__``) runs the next step if none is running, otherwise waits for it; every step serves
-   every active request (batched), so concurrent requests progress together and fairly. A step:
+   ``__anext__``) runs the next step if none is running, otherwise waits for it; each step's batch
+   is chosen by :func:`~.scheduler.plan_step` (at most ``max_batch`` sequences and
+   ``max_tokens_per_step`` tokens: decode tokens first, least recently served first, then prefill
+   chunks of the oldest prompts: chunked prefill), so concurrent requests progress together and
+   no request starves (bound in ``pipeline/scheduler.py``). A step:
    the forward pass of all pending tokens (one batched ``backend.forward`` in a worker thread) and
    the mask filling of all grammar-constrained choices (worker thread, Numba releases the GIL) run
    at the same time; then, in a worker thread: masks applied to the logits on their device,
@@ -286,6 +292,10 @@ class AsyncEngine:
                 err = GenerationError(f"the backend could not make a sequence: {type(e).__name__}: {e}", r.id)
                 err.__cause__ = e
                 r.error = err
+                for c in r.choices:  # the slots counted for sequences never made
+                    if c.seq is None:
+                        c.released = True
+                        self.admission.release(1)
         if admitted:
             self._notify()
 
