@@ -209,12 +209,23 @@ def mixed_kwargs(k: str) -> dict:
     return kw
 
 
+def summary(r) -> tuple:
+    return content(r), r.choices[0].finish_reason, r.usage.completion_tokens, r.usage.extra.forced_tokens
+
+
+async def run_mixed(eng, k: str, out: dict) -> None:
+    out[k] = summary(await eng.chat.completions.create(**mixed_kwargs(k)))
+
+
+def mixed_engine(**engine_kw):
+    return make(keyed({k: v for k, (v, _) in MIXED.items()}), **engine_kw)
+
+
 async def solo_outputs(keys, **engine_kw) -> dict:
-    eng, _ = await make(keyed({k: v for k, (v, _) in MIXED.items()}), **engine_kw)
+    eng, _ = await mixed_engine(**engine_kw)
     out = {}
     for k in keys:
-        r = await eng.chat.completions.create(**mixed_kwargs(k))
-        out[k] = (content(r), r.choices[0].finish_reason, r.usage.completion_tokens, r.usage.extra.forced_tokens)
+        await run_mixed(eng, k, out)
     await eng.aclose()
     return out
 
@@ -224,16 +235,12 @@ async def test_batch_equals_solo_with_max_tokens_stop_and_fast_forward():
     assert solo["short"][:2] == ("the the the", "length")
     assert solo["stopped"][:2] == ("hello world", "stop")
     assert solo["grammar"][3] > 0 and solo["schema"][3] > 0  # fast-forward at work
-    eng, b = await make(keyed({k: v for k, (v, _) in MIXED.items()}), max_tokens_per_step=8)
+    eng, b = await mixed_engine(max_tokens_per_step=8)
     out = {}
-
-    async def one(k):
-        r = await eng.chat.completions.create(**mixed_kwargs(k))
-        out[k] = (content(r), r.choices[0].finish_reason, r.usage.completion_tokens, r.usage.extra.forced_tokens)
 
     async with anyio.create_task_group() as tg:
         for k in MIXED:
-            tg.start_soon(one, k)
+            tg.start_soon(run_mixed, eng, k, out)
     assert out == solo
     assert max(c.n_seqs for c in b.calls) >= 4
     json.loads(out["schema"][0])
@@ -248,8 +255,8 @@ async def test_cancel_mid_batch_frees_slot_and_cache():
     keys = ["long", "regex", "schema"]
 
     async def one(k, eng=None):
-        r = await eng.chat.completions.create(messages=msgs(k), temperature=0, response_format=formats.get(k))
-        out[k] = (content(r), r.choices[0].finish_reason, r.usage.completion_tokens, r.usage.extra.forced_tokens)
+        out[k] = summary(await eng.chat.completions.create(messages=msgs(k), temperature=0,
+                                                           response_format=formats.get(k)))
 
     out = {}
     solo_eng, _ = await make(keyed(answers))
@@ -295,16 +302,12 @@ async def _late(eng, out):
 async def test_malformed_request_in_busy_batch_fails_alone():
     keys = ["text", "schema", "grammar", "regex"]
     solo = await solo_outputs(keys)
-    eng, b = await make(keyed({k: v for k, (v, _) in MIXED.items()}), backend_kw={"forward_delay": 0.001})
+    eng, b = await mixed_engine(backend_kw={"forward_delay": 0.001})
     out, errors = {}, []
-
-    async def one(k):
-        r = await eng.chat.completions.create(**mixed_kwargs(k))
-        out[k] = (content(r), r.choices[0].finish_reason, r.usage.completion_tokens, r.usage.extra.forced_tokens)
 
     async with anyio.create_task_group() as tg:
         for k in keys:
-            tg.start_soon(one, k)
+            tg.start_soon(run_mixed, eng, k, out)
         while not b.calls:
             await anyio.sleep(0.001)
         for bad in (dict(messages=msgs("text"), temperature=-1),
@@ -324,17 +327,13 @@ async def test_malformed_request_in_busy_batch_fails_alone():
 async def test_mask_error_fails_one_request_the_batch_goes_on():
     keys = ["text", "schema", "regex"]
     solo = await solo_outputs(keys)
-    eng, b = await make(keyed({k: v for k, (v, _) in MIXED.items()}), backend_kw={"forward_delay": 0.001})
+    eng, b = await mixed_engine(backend_kw={"forward_delay": 0.001})
     out = {}
-
-    async def one(k):
-        r = await eng.chat.completions.create(**mixed_kwargs(k))
-        out[k] = (content(r), r.choices[0].finish_reason, r.usage.completion_tokens, r.usage.extra.forced_tokens)
 
     failed = []
     async with anyio.create_task_group() as tg:
         for k in keys:
-            tg.start_soon(one, k)
+            tg.start_soon(run_mixed, eng, k, out)
         stream = await eng.chat.completions.create(**mixed_kwargs("grammar"), stream=True)
         m = eng._requests[stream.request_id].choices[0].matcher
         real, calls = m.fill_next_token_bitmask, []

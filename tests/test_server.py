@@ -245,20 +245,25 @@ async def test_16_concurrent_requests_with_different_schemas(app, url):
 LONG = "REPLY: " + " ".join(["hello world"] * 150)
 
 
+def long_requests(url: str, max_tokens: int) -> tuple[dict, list[threading.Thread]]:
+    """Two LONG requests, "a" and "b", ready to start one by one in threads: (results, threads)."""
+    results: dict[str, object] = {}
+
+    def run(name):
+        try:
+            results[name] = client(url).chat.completions.create(model="m", messages=user(LONG), max_tokens=max_tokens,
+                                                                temperature=0)
+        except Exception as e:
+            results[name] = e
+
+    return results, [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+
+
 def test_queue_full_is_503_with_retry_after():
     app = create_app(model=scripted(forward_delay=0.02), max_concurrency=1, max_queue=1, retry_after=2)
     with serve_in_thread(app) as url:
         srv = app.state.grammask
-        results: dict[str, object] = {}
-
-        def run(name):
-            try:
-                results[name] = client(url).chat.completions.create(model="m", messages=user(LONG), max_tokens=60,
-                                                                    temperature=0)
-            except Exception as e:
-                results[name] = e
-
-        threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+        results, threads = long_requests(url, 60)
         threads[0].start()
         assert wait_until(lambda: srv.slots.active == 1)
         threads[1].start()
@@ -284,16 +289,7 @@ def test_engine_queue_full_is_503_with_retry_after():
                      engine_kwargs={"max_running": 1, "max_queue": 1})
     with serve_in_thread(app) as url:
         srv = app.state.grammask
-        results: dict[str, object] = {}
-
-        def run(name):
-            try:
-                results[name] = client(url).chat.completions.create(model="m", messages=user(LONG), max_tokens=40,
-                                                                    temperature=0)
-            except Exception as e:
-                results[name] = e
-
-        threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+        results, threads = long_requests(url, 40)
         threads[0].start()
         assert wait_until(lambda: srv.engine is not None and srv.engine.scheduler_stats["running_seqs"] == 1)
         threads[1].start()

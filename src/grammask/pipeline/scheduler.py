@@ -155,18 +155,12 @@ def plan_step(choices: Sequence[Any], *, max_batch: int, budget: int | None) -> 
         d_slots -= 1
         if budget is not None:
             d_left = left - prefill_reserve(budget) if left > 1 else left
-    for c in decode:
-        if d_slots <= 0 or d_left <= 0:
-            break
-        n = take(c, d_left)
-        d_slots -= 1
-        d_left -= n
-        slots -= 1
-        left -= n
-    for c in prefill:
-        if slots <= 0 or left <= 0:
-            break
-        n = take(c, left)
-        slots -= 1
-        left -= n
+    # decodes within their share, then prefill chunks within what is left of the step
+    used_slots = used_tokens = 0
+    for group, slot_cap, token_cap in ((decode, d_slots, d_left), (prefill, slots, left)):
+        for c in group:
+            if used_slots >= slot_cap or used_tokens >= token_cap:
+                break
+            used_tokens += take(c, token_cap - used_tokens)
+            used_slots += 1
     return plan
