@@ -180,7 +180,7 @@ async def test_queue_limit_and_admission_as_slots_free():
         await anyio.sleep(0)
         tg.start_soon(one, "c")  # the queue is full: refused at once
     assert out == {"a": answers["a"], "b": answers["b"]}
-    assert set(errors) == {"c"}
+    assert set(errors) == {"c"} and not isinstance(errors["c"], InvalidRequestError)
     assert max(seen_live) == 1  # never more than max_running caches
     st = eng.scheduler_stats
     assert st["max_waiting_seen"] == 1 and st["rejected"] == 1 and st["waiting"] == 0 and st["running_seqs"] == 0
@@ -230,19 +230,23 @@ async def solo_outputs(keys, **engine_kw) -> dict:
     return out
 
 
-async def test_batch_equals_solo_with_max_tokens_stop_and_fast_forward():
+@pytest.mark.parametrize("budget", [8, 2])
+async def test_batch_equals_solo_with_max_tokens_stop_and_fast_forward(budget):
+    """Seven mixed requests at once (text, json_schema, grammar, regex, json_object, max_tokens, stop);
+    with 2 tokens per step even the fast-forward tokens of a decode go in chunks."""
     solo = await solo_outputs(MIXED)
     assert solo["short"][:2] == ("the the the", "length")
     assert solo["stopped"][:2] == ("hello world", "stop")
     assert solo["grammar"][3] > 0 and solo["schema"][3] > 0  # fast-forward at work
-    eng, b = await mixed_engine(max_tokens_per_step=8)
+    eng, b = await mixed_engine(max_tokens_per_step=budget)
     out = {}
 
     async with anyio.create_task_group() as tg:
         for k in MIXED:
             tg.start_soon(run_mixed, eng, k, out)
     assert out == solo
-    assert max(c.n_seqs for c in b.calls) >= 4
+    assert max(c.n_seqs for c in b.calls) >= 2
+    assert all(sum(c.n_tokens) <= budget for c in b.calls)
     json.loads(out["schema"][0])
     assert not b.live and not eng.active_requests
     await eng.aclose()
@@ -360,3 +364,34 @@ async def test_server_maps_the_engine_queue_to_503():
     from grammask.adapters.server import error_for_exception
     status, body = error_for_exception(QueueFullError("busy"))
     assert status == 503 and body["error"]["code"] == "queue_full"
+
+
+async def test_waiting_requests_can_be_interrupted_and_closed():
+    answers = {"a": "the " * 40, "b": "Hello world", "c": "yes"}
+    eng, b = await make(keyed(answers), max_running=1, max_queue=4, backend_kw={"forward_delay": 0.001})
+    with pytest.raises(InvalidRequestError):  # n sequences that never fit
+        await eng.chat.completions.create(messages=msgs("b"), n=2)
+    out = {}
+
+    async def one(k):
+        r = await eng.chat.completions.create(messages=msgs(k), temperature=0, request_id=k)
+        out[k] = (content(r), r.choices[0].finish_reason)
+
+    async with anyio.create_task_group() as tg:
+        for k in answers:
+            tg.start_soon(one, k)
+            await anyio.sleep(0)
+        while eng.scheduler_stats["waiting"] < 2:
+            await anyio.sleep(0.001)
+        assert eng.interrupt("b")  # waiting: leaves the queue, no sequence was ever made for it
+    assert out["b"] == ("", "abort") and out["a"] == (answers["a"], "stop") and out["c"] == (answers["c"], "stop")
+    assert len(b.calls) and not b.live and eng.scheduler_stats["running_seqs"] == 0
+    # closing the engine with requests waiting aborts them all
+    async with anyio.create_task_group() as tg:
+        for k in answers:
+            tg.start_soon(one, k)
+            await anyio.sleep(0)
+        while eng.scheduler_stats["waiting"] < 2:
+            await anyio.sleep(0.001)
+        await eng.aclose()
+    assert {v[1] for v in out.values()} == {"abort"} and not b.live
