@@ -395,3 +395,40 @@ async def test_waiting_requests_can_be_interrupted_and_closed():
             await anyio.sleep(0.001)
         await eng.aclose()
     assert {v[1] for v in out.values()} == {"abort"} and not b.live
+
+
+@pytest.mark.slow
+async def test_chunked_prefill_on_the_embedded_model_equals_solo():
+    """The real model (SmolLM2-135M-Instruct): three mixed requests at once with 16 tokens per step
+    (prompts fed in chunks next to decodes) give the greedy outputs of one-at-a-time, unchunked runs."""
+    pytest.importorskip("transformers")
+    jsonschema = pytest.importorskip("jsonschema")
+    try:
+        from grammask.adapters.models import load_backend
+        backend = load_backend(None, "cpu")
+    except Exception as e:  # pragma: no cover - depends on the install
+        pytest.skip(f"the embedded model is not available: {e}")
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    reqs = [dict(messages=[{"role": "user", "content": "Describe a cat. " * 20}], max_tokens=12),
+            dict(messages=[{"role": "user", "content": "Invent a person as JSON."}], max_tokens=40,
+                 response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}),
+            dict(messages=[{"role": "user", "content": "Say yes or no."}], max_tokens=8,
+                 response_format={"type": "regex", "pattern": "(yes|no)[.!]"})]
+    solo_eng = await AsyncEngine.create(backend, max_tokens_per_step=None)
+    solo = [content(await solo_eng.chat.completions.create(temperature=0, **kw)) for kw in reqs]
+    # solo_eng is not closed: aclose() would close the backend both engines share
+    eng = await AsyncEngine.create(backend, max_tokens_per_step=16, trace=True)
+    out: dict[int, str] = {}
+
+    async def one(i):
+        out[i] = content(await eng.chat.completions.create(temperature=0, **reqs[i]))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(reqs)):
+            tg.start_soon(one, i)
+    assert [out[i] for i in range(len(reqs))] == solo
+    jsonschema.validate(json.loads(out[1]), schema)
+    forwards = [t for t in eng.trace if t["kind"] == "forward"]
+    assert max(t["n_tokens"] for t in forwards) <= 16 and max(t["n_seqs"] for t in forwards) >= 2
+    await eng.aclose()
