@@ -377,23 +377,24 @@ async def test_waiting_requests_can_be_interrupted_and_closed():
         r = await eng.chat.completions.create(messages=msgs(k), temperature=0, request_id=k)
         out[k] = (content(r), r.choices[0].finish_reason)
 
-    async with anyio.create_task_group() as tg:
+    async def start_all_then(tg, action):
         for k in answers:
             tg.start_soon(one, k)
             await anyio.sleep(0)
-        while eng.scheduler_stats["waiting"] < 2:
+        while eng.scheduler_stats["waiting"] < 2:  # "a" runs, "b" and "c" wait
             await anyio.sleep(0.001)
+        await action()
+
+    async def interrupt_b():
         assert eng.interrupt("b")  # waiting: leaves the queue, no sequence was ever made for it
+
+    async with anyio.create_task_group() as tg:
+        await start_all_then(tg, interrupt_b)
     assert out["b"] == ("", "abort") and out["a"] == (answers["a"], "stop") and out["c"] == (answers["c"], "stop")
     assert len(b.calls) and not b.live and eng.scheduler_stats["running_seqs"] == 0
     # closing the engine with requests waiting aborts them all
     async with anyio.create_task_group() as tg:
-        for k in answers:
-            tg.start_soon(one, k)
-            await anyio.sleep(0)
-        while eng.scheduler_stats["waiting"] < 2:
-            await anyio.sleep(0.001)
-        await eng.aclose()
+        await start_all_then(tg, eng.aclose)
     assert {v[1] for v in out.values()} == {"abort"} and not b.live
 
 
