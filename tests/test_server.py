@@ -307,6 +307,27 @@ def test_engine_queue_full_is_503_with_retry_after():
         assert wait_until(lambda: not srv.engine.active_requests) and not backend.live
 
 
+def test_malformed_request_in_a_busy_batch_gets_its_400():
+    backend = scripted(forward_delay=0.01)
+    app = create_app(model=backend, max_concurrency=4, max_queue=4)
+    with serve_in_thread(app) as url:
+        srv = app.state.grammask
+        results, threads = long_requests(url, 40)
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: srv.engine is not None and len(srv.engine.active_requests) == 2)
+        n_calls = len(backend.calls)
+        for bad in ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                 "schema": {"type": "nonsense"}}}},
+                    {"response_format": {"type": "grammar", "grammar": "root ::= ("}}, {"temperature": -1}):
+            raw = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": user("hi"), **bad})
+            assert raw.status_code == 400, raw.text
+        assert wait_until(lambda: len(backend.calls) > n_calls)  # the batch went on
+        for t in threads:
+            t.join(60)
+        assert [results[k].choices[0].finish_reason for k in "ab"] == ["length", "length"], results
+
+
 def test_client_dropped_mid_stream_frees_its_slot_at_once():
     backend = scripted(forward_delay=0.03)
     app = create_app(model=backend, max_concurrency=1, max_queue=4)

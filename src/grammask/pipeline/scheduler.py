@@ -22,7 +22,7 @@ every decoding sequence is fed at least once every ``ceil(D / k)`` steps, with
 prompt waits); the oldest prompt waiting for prefill gets at least ``max(1, budget // 4)`` tokens
 every step, so a prompt of ``P`` tokens behind prompts totalling ``Q`` tokens is prefilled within
 ``ceil((P + Q) / max(1, budget // 4))`` steps. (With ``max_batch == 1`` the single slot goes to
-the least recently served sequence, decode or prefill.)
+the least recently served sequence, decode or prefill; the bounds need a budget of 2 or more.)
 """
 from __future__ import annotations
 
