@@ -15,7 +15,8 @@ schema: must be 0), lost requests (a stream that ended without a finish reason, 
 was never answered: must be 0), requests/s and aggregate completion tokens/s over the level's wall
 time, p50/p99 end-to-end latency and time to first token (first content chunk), and the longest
 queue seen (``/health`` polled every 50 ms: requests waiting for a server slot plus requests waiting
-in the engine's admission queue). Then the issue-12 ratios: 8 clients' aggregate tok/s over 1
+in the engine's admission queue, which also holds, for the rest of a step, the requests that
+arrived during it: they join the batch between steps). Then the issue-12 ratios: 8 clients' aggregate tok/s over 1
 client's (target >= 4x) and 8 clients' p50 latency over 1 client's (target <= 2x).
 
 The server is started by the script in a subprocess (``python -m grammask.cli serve`` on a free

@@ -93,6 +93,13 @@ def test_admission_queue_bounds():
     assert q.admit() == ["b"]
     with pytest.raises(ValueError):
         q.submit("wide", 3)
+    # a request that fits waits only for the running step to end: never refused, even with max_queue 0
+    q = AdmissionQueue(max_running=4, max_queue=0)
+    q.submit("x", 1)
+    q.submit("y", 2)
+    assert q.admit() == ["x", "y"] and q.max_waiting_seen == 0
+    with pytest.raises(QueueFullError):
+        q.submit("z", 2)
 
 
 # ---------------------------------------------------------------------------------------------- engine

@@ -50,7 +50,9 @@ class AdmissionQueue:
 
     ``submit(item, n)`` queues a request of ``n`` sequences (or raises :class:`QueueFullError`);
     ``admit()`` pops, in order, the waiting requests that fit now (never skipping the head, so a
-    wide request is not starved by narrow ones); ``release(n)`` frees ``n`` sequences."""
+    wide request is not starved by narrow ones); ``release(n)`` frees ``n`` sequences. The engine
+    admits between steps only, so a request that fits also waits here until the running step ends;
+    it is never refused, and ``max_waiting_seen`` counts only requests that did not fit."""
 
     def __init__(self, max_running: int, max_queue: int | None):
         if max_running < 1:
@@ -67,14 +69,16 @@ class AdmissionQueue:
     def submit(self, item: Any, n: int) -> None:
         if n > self.max_running:
             raise ValueError(f"{n} sequences never fit in max_running {self.max_running}")
-        fits_now = not self.waiting and self.running + n <= self.max_running
+        # fits: only waits for the running step to end (sequences are made between steps)
+        fits_now = self.running + sum(k for _it, k in self.waiting) + n <= self.max_running
         if not fits_now and self.max_queue is not None and len(self.waiting) >= self.max_queue:
             self.rejected += 1
             raise QueueFullError(f"the engine is busy: {self.running} sequences running and {len(self.waiting)} "
                                  f"requests waiting (max_running {self.max_running}, max_queue {self.max_queue}); "
                                  "retry later")
         self.waiting.append((item, n))
-        self.max_waiting_seen = max(self.max_waiting_seen, len(self.waiting) - (1 if fits_now else 0))
+        if not fits_now:
+            self.max_waiting_seen = max(self.max_waiting_seen, len(self.waiting))
 
     def admit(self) -> list[Any]:
         out = []
