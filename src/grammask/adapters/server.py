@@ -29,13 +29,15 @@ Errors are shaped like OpenAI's: ``{"error": {"message", "type", "param", "code"
   starts, so a request whose format cannot be enforced never gets a 200 with free text;
 - 401 with a wrong or missing API key (when the server has one), 404/405 for unknown routes;
 - 503 ``server_error`` / ``queue_full`` with ``Retry-After`` when all ``max_concurrency`` slots
-  are busy and ``max_queue`` requests already wait for one;
+  are busy and ``max_queue`` requests already wait for one, or when the engine's own admission
+  queue is full (``engine_kwargs`` ``max_running`` / ``max_queue``, ``pipeline/scheduler.py``);
 - 500 ``server_error`` when generation fails (e.g. the model's forward pass raised).
 
 Admission: a request holds one of ``max_concurrency`` slots from admission until its response
 ends; others wait in a FIFO queue of at most ``max_queue``. A client that disconnects (while
 queued, while generating, or mid-stream) cancels its request at once: the engine aborts it and
-its slot goes to the next waiting request.
+its slot goes to the next waiting request. ``/health`` reports the slots and, under ``engine``,
+the engine's admission queue (sequences holding a cache, requests waiting, the most seen waiting).
 
 Engine lifecycle: with ``create_app(engine)`` the app uses that engine and leaves it open
 (``close_engine=True`` to close it at shutdown). Otherwise the app makes the engine in its
