@@ -215,3 +215,12 @@ def test_engine_batch_equals_solo(backend):
         if kw.get("response_format", {}).get("type") == "json_schema" and finish == "stop":
             jsonschema.validate(json.loads(content), SCHEMA)
     assert backend._pool.in_use == 0
+
+
+def test_prefill_groups():
+    from grammask.adapters.transformers_backend import PREFILL_CHUNK, _prefill_groups
+
+    ids = [[0] * n for n in (44, 43, 3000, 100, 44, PREFILL_CHUNK, 45)]
+    # similar prompts together (shortest first), a much longer one alone, over-long ones alone (chunked)
+    assert _prefill_groups(list(range(7)), ids) == [[1, 0, 4, 6], [3], [5], [2]]
+    assert _prefill_groups([], ids) == []
