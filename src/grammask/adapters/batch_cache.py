@@ -17,6 +17,10 @@ Positions past a row's length may hold stale keys from padding or an aborted cal
 them, and the next call overwrites them. Capacity grows by doubling (a copy of the pool) up to what the
 longest sequence needs; the slot count grows by doubling; when every slot is free the tensors are
 dropped, so memory returns to zero between bursts.
+
+Limitations: one slot capacity for all slots (a long sequence grows every slot's row); the same 4-D
+mask goes to every layer, so models with sliding-window layers (Mistral, Gemma 2/3) attend over the
+whole context, which only equals their own attention while sequences are shorter than the window.
 """
 from __future__ import annotations
 
