@@ -33,10 +33,14 @@ thread was measured faster than two) for the main measurement; afterwards one re
 
 llama.cpp: when ``llama_cpp`` (llama-cpp-python) is importable, the same prompt tokens run on the
 same GGUF file, unconstrained (end-of-text banned) and with ``LlamaGrammar.from_json_schema``;
-otherwise that part is skipped (and says so). It is never installed by this script.
+then grammask's engine on the llama.cpp backend (``LlamaCppBackend``, same GGUF, same thread count)
+runs ``text``, ``schema`` and ``schema+ff`` on the same prompts, in the same table; otherwise that
+part is skipped (and says so). It is never installed by this script (``make setup-llamacpp`` does).
+``--backend llamacpp`` runs the main measurement itself on the llama.cpp backend.
 
     .venv/bin/python benchmarks/e2e.py [--prompts N] [--max-tokens N] [--repeat N] [--threads N]
-        [--ref-prompts N] [--device cpu] [--no-llama-cpp] [--out FILE] [--results benchmarks/RESULTS.md]
+        [--ref-prompts N] [--device cpu] [--backend transformers|llamacpp] [--no-llama-cpp]
+        [--no-llama-cpp-backend] [--out FILE] [--results benchmarks/RESULTS.md]
 
 Prints a Markdown report; ``--results`` replaces the ``## e2e.py`` section of a results file.
 """
@@ -414,6 +418,7 @@ def run_llama_cpp(prompt_tokens: dict[str, list[int]], prompts: list[dict], max_
                 valid += 1
             except Exception:
                 pass
+    llm.close()
     rows = []
     base = _med([r for _, r in res["text"]])
     for m, v in res.items():
@@ -421,6 +426,53 @@ def run_llama_cpp(prompt_tokens: dict[str, list[int]], prompts: list[dict], max_
         rows.append([f"llama.cpp {m}", len(v), sum(n for n, _ in v), fmt(med, 2),
                      "1" if m == "text" else f"{med / base:.3f}", f"{valid}/{total}" if m != "text" else "–"])
     return rows, gguf
+
+
+#: grammask's modes run on the llama.cpp backend beside llama.cpp's own rates
+LLAMACPP_MODES = ("text", "schema", "schema+ff")
+
+
+async def run_grammask_llamacpp(prompts: list[dict], max_tokens: int, threads: int,
+                                repeats: int) -> tuple[list[list], dict]:
+    """grammask's engine on :class:`~grammask.adapters.llamacpp_backend.LlamaCppBackend` (the same
+    GGUF, ``threads`` llama.cpp threads): decode tok/s (``usage.extra``) per mode, median over
+    ``repeats`` passes after a warm-up pass (grammar compiles), modes rotated per prompt."""
+    from grammask.adapters.llamacpp_backend import LlamaCppBackend
+    from grammask.pipeline import AsyncEngine
+
+    backend = LlamaCppBackend(None, n_ctx=1024, n_seq_max=2, n_threads=threads)
+    engine = await AsyncEngine.create(backend, fast_forward=True)
+    rates: dict[str, list[float]] = {m: [] for m in LLAMACPP_MODES}
+    tokens: dict[str, int] = {m: 0 for m in LLAMACPP_MODES}
+    valid: dict[str, list[bool]] = {m: [] for m in LLAMACPP_MODES}
+    try:
+        for k in range(repeats + 1):  # pass 0: warm-up (grammar compiles, lexer growth), not counted
+            for i, p in enumerate(prompts):
+                rot = (k + i) % len(LLAMACPP_MODES)
+                for m in LLAMACPP_MODES[rot:] + LLAMACPP_MODES[:rot]:
+                    r = await engine.chat.completions.create(**request_kwargs(m, p, max_tokens))
+                    ch = r.choices[0]
+                    ok, _ = check_output(m, p, ch.message.content or "", ch.finish_reason)
+                    print(f"llama.cpp backend rep {k - 1} {p['name']:8s} {m:10s} {r.usage.completion_tokens:3d} tok "
+                          f"{r.usage.extra.decode_tokens_per_s:6.2f} tok/s", file=sys.stderr)
+                    if k == 0:
+                        continue
+                    rates[m].append(r.usage.extra.decode_tokens_per_s)
+                    tokens[m] += r.usage.completion_tokens
+                    if ok is not None:
+                        valid[m].append(bool(ok))
+    finally:
+        await engine.aclose()
+        backend.close()
+    base = _med(rates["text"])
+    rows = []
+    meds = {}
+    for m in LLAMACPP_MODES:
+        med = meds[m] = _med(rates[m])
+        rows.append([f"grammask on llama.cpp {m}", len(rates[m]), tokens[m], fmt(med, 2),
+                     "1" if m == "text" else f"{med / base:.3f}",
+                     f"{sum(valid[m])}/{len(valid[m])}" if m != "text" else "–"])
+    return rows, meds
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -435,7 +487,9 @@ async def amain(args) -> str:
 
     prompts = PROMPTS[: args.prompts]
     t0 = time.perf_counter()
-    engine = await create_engine(model=None, device=args.device, fast_forward=True, trace=True)
+    engine = await create_engine(model=None, device=args.device, fast_forward=True, trace=True,
+                                 backend=args.backend,
+                                 backend_options={} if args.backend == "transformers" else {"n_threads": args.threads})
     load_s = time.perf_counter() - t0
     compact = await AsyncEngine.create(engine.backend, fast_forward=True, trace=True, json_whitespace="compact")
     engines = {"flexible": engine, "compact": compact}
@@ -483,7 +537,7 @@ async def amain(args) -> str:
     total_s = time.perf_counter() - t_start
 
     # ------------------------------------------------------------------ llama.cpp
-    llama_rows, llama_note = None, ""
+    llama_rows, llama_note, llama_verdict = None, "", ""
     if args.no_llama_cpp:
         llama_note = "llama.cpp: skipped (--no-llama-cpp)."
     elif not llama_cpp_available():
@@ -492,9 +546,28 @@ async def amain(args) -> str:
     else:
         try:
             llama_rows, gguf = run_llama_cpp(prompt_tokens, prompts, args.max_tokens, args.threads, args.repeat)
-            llama_note = f"llama.cpp on `{Path(gguf).name}`, {args.threads} thread(s), same prompt tokens:"
+            llama_note = (f"llama.cpp on `{Path(gguf).name}`, {args.threads} thread(s), same prompt tokens, "
+                          f"temperature 0; llama.cpp's own rates (`Llama.create_completion`, unconstrained with "
+                          f"end-of-text banned / `LlamaGrammar.from_json_schema`) and grammask's engine on the "
+                          f"llama.cpp backend (`LlamaCppBackend`, same threads; `text` ignores EOS, `schema` "
+                          f"fast-forward off, `schema+ff` on):")
         except Exception as e:  # an optional comparison must not sink the report
             llama_note = f"llama.cpp: failed — {type(e).__name__}: {e}"
+        if llama_rows is not None and not args.no_llama_cpp_backend:
+            try:
+                gm_rows, gm = await run_grammask_llamacpp(prompts, args.max_tokens, args.threads, args.repeat)
+                llama_rows += gm_rows
+                own = {row[0]: float(row[3]) for row in llama_rows if row[0].startswith("llama.cpp")}
+                gbnf = own.get("llama.cpp json_schema", math.nan)
+                llama_verdict = (
+                    f"Targets (issue 12), single stream on the llama.cpp backend: constrained "
+                    f"(`schema`, fast-forward off) {gm['schema']:.2f} tok/s = {gm['schema'] / gbnf:.3f}× llama.cpp's "
+                    f"GBNF rate ({gbnf:.2f}) and {gm['schema'] / gm['text']:.3f}× our unconstrained rate "
+                    f"({gm['text']:.2f}); with fast-forward {gm['schema+ff']:.2f} tok/s = "
+                    f"{gm['schema+ff'] / gbnf:.3f}× GBNF, {gm['schema+ff'] / gm['text']:.3f}× unconstrained. "
+                    f"llama.cpp's own unconstrained rate: {own.get('llama.cpp text', math.nan):.2f} tok/s.")
+            except Exception as e:
+                llama_verdict = f"grammask on the llama.cpp backend: failed — {type(e).__name__}: {e}"
     print(llama_note, file=sys.stderr)
 
     # ------------------------------------------------------------------ report
@@ -661,6 +734,8 @@ async def amain(args) -> str:
         out.append(md_table(["engine / mode", "requests", "tokens", "decode tok/s (median)", "÷ text", "valid"],
                             llama_rows))
         out.append("")
+        if llama_verdict:
+            out.append(llama_verdict + "\n")
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -674,6 +749,10 @@ def main(argv=None) -> int:
                     help="prompts in the reference pass with PyTorch's default thread count (0: none)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--no-llama-cpp-backend", action="store_true",
+                    help="skip grammask's own rows on the llama.cpp backend")
+    ap.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers",
+                    help="backend of the main measurement (llamacpp: --threads llama.cpp threads)")
     ap.add_argument("--out", help="also write the report to this file")
     ap.add_argument("--results", help="replace the '## e2e.py' section of this Markdown file")
     args = ap.parse_args(argv)
