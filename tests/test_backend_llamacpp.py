@@ -208,7 +208,8 @@ def test_errors_leave_sequences_usable(backend):
 def llama_ref():
     from llama_cpp import Llama
 
-    llm = Llama(model_path=GGUF_PATH, n_ctx=512, n_threads=1, n_threads_batch=1, verbose=False)
+    # flash attention on, as the backend has it by default (llama.cpp's automatic choice on this CPU)
+    llm = Llama(model_path=GGUF_PATH, n_ctx=512, n_threads=1, n_threads_batch=1, flash_attn=True, verbose=False)
     yield llm
     llm.close()
 

@@ -102,7 +102,7 @@ class LlamaCppBackend:
         n_threads: int | None = None,
         n_threads_batch: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
-        flash_attn: bool | None = False,
+        flash_attn: bool | None = None,
         name: str | None = None,
         verbose: bool = False,
     ):
@@ -110,8 +110,9 @@ class LlamaCppBackend:
         positions per sequence (capped at the model's training context); ``n_seq_max``: sequence
         slots; ``n_threads`` / ``n_threads_batch``: llama.cpp threads for decode / prompt batches
         (default: llama.cpp's own); ``n_batch``: most tokens per ``llama_decode``; ``flash_attn``:
-        llama.cpp's flash attention (False, as ``llama_cpp.Llama`` has it by default, so greedy
-        outputs match it; None: llama.cpp's automatic choice)."""
+        llama.cpp's flash attention (None: llama.cpp's automatic choice, which turns it on here and
+        was measured faster: 8.2 vs 9.5 ms per 1-token step, 37 vs 50 ms for 8 sequences, 2 threads;
+        ``llama_cpp.Llama`` turns it off by default)."""
         from ..grammar.tokenizer_info import TokenizerInfo
         from ..grammar.tokenizer_loaders.gguf_reader import read_gguf_metadata
 
