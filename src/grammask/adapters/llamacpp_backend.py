@@ -103,6 +103,7 @@ class LlamaCppBackend:
         n_threads_batch: int | None = None,
         n_batch: int = DEFAULT_N_BATCH,
         flash_attn: bool | None = None,
+        kv_unified: bool = False,
         name: str | None = None,
         verbose: bool = False,
     ):
@@ -112,7 +113,8 @@ class LlamaCppBackend:
         (default: llama.cpp's own); ``n_batch``: most tokens per ``llama_decode``; ``flash_attn``:
         llama.cpp's flash attention (None: llama.cpp's automatic choice, which turns it on here and
         was measured faster: 8.2 vs 9.5 ms per 1-token step, 37 vs 50 ms for 8 sequences, 2 threads;
-        ``llama_cpp.Llama`` turns it off by default)."""
+        ``llama_cpp.Llama`` turns it off by default); ``kv_unified``: one KV buffer shared by the
+        slots (``n_ctx * n_seq_max`` cells any sequence may fill) instead of one per slot."""
         from ..grammar.tokenizer_info import TokenizerInfo
         from ..grammar.tokenizer_loaders.gguf_reader import read_gguf_metadata
 
@@ -160,7 +162,7 @@ class LlamaCppBackend:
         cparams.n_batch = int(n_batch)
         cparams.n_ubatch = int(n_batch)
         cparams.n_seq_max = int(n_seq_max)
-        cparams.kv_unified = False
+        cparams.kv_unified = bool(kv_unified)
         if flash_attn is not None:
             cparams.flash_attn_type = (lc.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash_attn
                                        else lc.LLAMA_FLASH_ATTN_TYPE_DISABLED)
