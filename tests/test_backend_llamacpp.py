@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 
 from grammask.adapters import models  # noqa: E402
 from grammask.adapters.llamacpp_backend import (  # noqa: E402
-    ContextLengthError, LlamaCppBackend, NoFreeSlotError, SequenceError)
+    ContextLengthError, LlamaCppBackend, LlamaCppDecodeError, NoFreeSlotError, SequenceError)
 from grammask.pipeline import AsyncEngine  # noqa: E402
 from grammask.pipeline.backend import ModelBackend  # noqa: E402
 
@@ -201,6 +201,43 @@ def test_errors_leave_sequences_usable(backend):
         close(backend.forward([seq], [[198]])[0], ref[1])
     finally:
         backend.release(seq)
+
+
+def test_failed_decode_is_typed_and_rolled_back(backend):
+    """A llama_decode failure after part of the batch was decoded (the second of several chunks)
+    raises LlamaCppDecodeError and leaves every sequence of the call as it was before it."""
+    small = LlamaCppBackend(GGUF_PATH, n_ctx=256, n_seq_max=2, n_batch=16, n_threads=1)
+    real = small._lc
+
+    class FailSecondDecode:
+        calls = 0
+
+        def __getattr__(self, name):
+            return getattr(real, name)
+
+        def llama_decode(self, ctx, batch):
+            FailSecondDecode.calls += 1
+            return 1 if FailSecondDecode.calls == 2 else real.llama_decode(ctx, batch)
+
+    try:
+        a, b = small.new_sequence(), small.new_sequence()
+        pa, pb = chat(small, QUESTIONS[0]), chat(small, QUESTIONS[1])
+        ref = [small.forward([s], [p])[0].clone() for s, p in ((a, pa), (b, pb))]
+        small._lc = FailSecondDecode()
+        with pytest.raises(LlamaCppDecodeError) as e:
+            small.forward([a, b], [pb, pa])  # > n_batch tokens: several decodes, the second fails
+        assert e.value.code == 1
+        small._lc = real
+        assert (a.length, b.length) == (len(pa), len(pb))
+        for s, r in ((a, ref[0]), (b, ref[1])):
+            assert torch.equal(small.forward([s], [[]])[0], r)
+        # nothing of the failed call is left in the cache: the next token gives the logits it gives alone
+        again = small.forward([a, b], [[198], [198]])
+        for row, p in enumerate((pa, pb)):
+            close(again[row], solo_logits(backend, p, [198])[1])
+    finally:
+        small._lc = real
+        small.close()
 
 
 # ---------------------------------------------------------------------------------------------- engine
