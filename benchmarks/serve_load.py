@@ -1,6 +1,6 @@
 """Load benchmark of the HTTP server (``grammask serve``): N concurrent streaming clients on loopback.
 
-For each level N (``--clients``, default 1,8,32,64) the script runs N clients (``openai.AsyncOpenAI``,
+For each level N (``--clients``, default 1,8,32) the script runs N clients (``openai.AsyncOpenAI``,
 ``stream=True`` with ``stream_options={"include_usage": True}``) against the server on 127.0.0.1.
 Every client asks for JSON against its own schema (``--format json_schema``: N different schemas, so
 the grammar cache sees N compiles, then hits), one request after the other (after a 503, it waits
@@ -11,8 +11,13 @@ level ends by itself, and so does the script.
 
 Reported per level: completed requests, 503s (only expected when ``--max-queue`` is below
 ``N - max_concurrency``), errors (anything else, including an output that is not valid against its
-schema: must be 0), requests/s and completion tokens/s over the level's wall time, p50/p99 end-to-end
-latency and time to first token (first content chunk).
+schema: must be 0), lost requests (a stream that ended without a finish reason, or a request that
+was never answered: must be 0), requests/s and aggregate completion tokens/s over the level's wall
+time, p50/p99 end-to-end latency and time to first token (first content chunk), and the longest
+queue seen (``/health`` polled every 50 ms: requests waiting for a server slot plus requests waiting
+in the engine's admission queue, which also holds, for the rest of a step, the requests that
+arrived during it: they join the batch between steps). Then the issue-12 ratios: 8 clients' aggregate tok/s over 1
+client's (target >= 4x) and 8 clients' p50 latency over 1 client's (target <= 2x).
 
 The server is started by the script in a subprocess (``python -m grammask.cli serve`` on a free
 port of 127.0.0.1; ``--model scripted`` is the deterministic scripted backend, which answers with the
@@ -91,12 +96,36 @@ async def run_level(args, url: str, n_clients: int) -> dict:
         jsonschema = None
     budget = args.requests if args.requests else max(32, 4 * n_clients)
     client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=args.duration + args.grace)
-    st = {"issued": 0, "ok": 0, "rejected": 0, "errors": 0, "cut": 0, "incomplete": 0, "tokens": 0,
-          "lat": [], "ttft": [], "samples": []}
+    st = {"issued": 0, "ok": 0, "rejected": 0, "errors": 0, "cut": 0, "lost": 0, "incomplete": 0, "tokens": 0,
+          "inflight": 0, "max_queue": 0, "lat": [], "ttft": [], "samples": []}
     t0 = time.perf_counter()
     stop_issuing = t0 + args.duration
 
+    async def poll_queue() -> None:
+        """The longest queue seen: server slots' waiters plus the engine's admission queue."""
+        try:  # the openai client's HTTP library
+            import httpx2 as httpx
+        except ImportError:
+            import httpx
+
+        async with httpx.AsyncClient(timeout=2) as hc:
+            while True:
+                try:
+                    h = (await hc.get(url + "/health")).json()
+                    q = int(h.get("waiting") or 0) + int((h.get("engine") or {}).get("waiting") or 0)
+                    st["max_queue"] = max(st["max_queue"], q)
+                except Exception:
+                    pass
+                await asyncio.sleep(0.05)
+
     async def one(i: int, k: int) -> None:
+        st["inflight"] += 1
+        try:
+            await _one(i, k)
+        finally:
+            st["inflight"] -= 1
+
+    async def _one(i: int, k: int) -> None:
         kw, schema = request_kwargs(args, i, k)
         t_start = time.perf_counter()
         t_first = None
@@ -131,6 +160,10 @@ async def run_level(args, url: str, n_clients: int) -> dict:
             return
         t_end = time.perf_counter()
         out = "".join(text)
+        if finish is None:  # the stream ended without a finish reason: an answer lost on the way
+            st["lost"] += 1
+            st["samples"].append(f"lost: the stream ended without a finish reason after {out[:60]!r}")
+            return
         if finish == "length":
             st["incomplete"] += 1
         elif args.format != "text":
@@ -154,18 +187,22 @@ async def run_level(args, url: str, n_clients: int) -> dict:
             await one(i, k)
             k += 1
 
+    poller = asyncio.ensure_future(poll_queue())
     tasks = [asyncio.ensure_future(worker(i)) for i in range(n_clients)]
     done, pending = await asyncio.wait(tasks, timeout=args.duration + args.grace)
+    st["cut"] = st["inflight"]  # still running at the level's time bound
     for t in pending:
         t.cancel()
     if pending:
         await asyncio.wait(pending, timeout=10)
     wall = time.perf_counter() - t0
-    st["cut"] = st["issued"] - st["ok"] - st["rejected"] - st["errors"]
+    poller.cancel()
+    # every issued request is accounted for, or it was lost
+    st["lost"] += max(0, st["issued"] - st["ok"] - st["rejected"] - st["errors"] - st["cut"] - st["lost"])
     await client.close()
     lat, ttft = sorted(st["lat"]), sorted(st["ttft"])
     return {"clients": n_clients, "requests": st["ok"], "rejected": st["rejected"], "errors": st["errors"],
-            "cut": st["cut"], "incomplete": st["incomplete"], "wall": wall, "rps": st["ok"] / wall,
+            "cut": st["cut"], "lost": st["lost"], "max_queue": st["max_queue"], "incomplete": st["incomplete"], "wall": wall, "rps": st["ok"] / wall,
             "tps": st["tokens"] / wall, "tokens": st["tokens"],
             "lat50": percentile(lat, 50), "lat99": percentile(lat, 99),
             "ttft50": percentile(ttft, 50), "ttft99": percentile(ttft, 99), "samples": st["samples"][:5]}
@@ -263,7 +300,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="scripted", help="scripted (default), embedded, or a model path")
     p.add_argument("--url", default=None, help="a running server (loopback only) instead of starting one")
-    p.add_argument("--clients", default="1,8,32,64", help="comma-separated concurrency levels")
+    p.add_argument("--clients", default="1,8,32", help="comma-separated concurrency levels")
     p.add_argument("--requests", type=int, default=0, help="requests per level (default max(32, 4 * N))")
     p.add_argument("--duration", type=float, default=30.0, help="seconds per level before no new request starts")
     p.add_argument("--grace", type=float, default=30.0, help="then seconds before running requests are cut")
@@ -298,19 +335,24 @@ def main(argv=None) -> int:
             r = asyncio.run(run_level(args, url, n))
             results.append(r)
             print(f"N={n:3d}: {r['requests']} ok, {r['rejected']} 503, {r['errors']} errors, {r['cut']} cut, "
+                  f"{r['lost']} lost, max queue {r['max_queue']}, "
                   f"{r['rps']:.2f} req/s, {r['tps']:.1f} tok/s, latency p50 {r['lat50']:.3f} s p99 {r['lat99']:.3f} s,"
                   f" TTFT p50 {r['ttft50']:.3f} s p99 {r['ttft99']:.3f} s", flush=True)
             for s in r["samples"]:
                 print("   error:", s, flush=True)
-            rows.append([n, r["requests"], r["rejected"], r["errors"], r["cut"], r["incomplete"], fmt(r["wall"], 1),
+            rows.append([n, r["requests"], r["rejected"], r["errors"], r["cut"], r["lost"], r["max_queue"],
+                         r["incomplete"], fmt(r["wall"], 1),
                          fmt(r["rps"], 2), fmt(r["tps"], 1), fmt(r["lat50"], 3), fmt(r["lat99"], 3),
                          fmt(r["ttft50"], 3), fmt(r["ttft99"], 3)])
     finally:
         if proc is not None:
             stop_server(proc)
-    table = md_table(["clients", "ok", "503", "errors", "cut", "length", "wall s", "req/s", "tok/s", "p50 lat s",
-                      "p99 lat s", "p50 TTFT s", "p99 TTFT s"], rows)
+    table = md_table(["clients", "ok", "503", "errors", "cut", "lost", "max queue", "length", "wall s", "req/s",
+                      "tok/s", "p50 lat s", "p99 lat s", "p50 TTFT s", "p99 TTFT s"], rows)
     print(table)
+    ratios = scaling_line(results)
+    if ratios:
+        print(ratios)
     if args.results:
         model = {"scripted": "scripted backend (no model: server + engine + grammar overhead)",
                  "embedded": "embedded SmolLM2-135M-Instruct (transformers)"}.get(args.model, args.model)
@@ -325,15 +367,29 @@ def main(argv=None) -> int:
             f"{args.max_tokens}; per level at most {args.requests or 'max(32, 4N)'} requests and {args.duration:g} s "
             f"(+{args.grace:g} s grace).", "",
             table, "",
+            *([ratios, ""] if ratios else []),
             "ok: completed (JSON valid against the client's schema); 503: refused by the full queue; errors: "
-            "anything else (must be 0); cut: still running at the level's time bound; length: stopped by "
+            "anything else (must be 0); cut: still running at the level's time bound; lost: never answered or a "
+            "stream without a finish reason (must be 0); max queue: the most requests seen waiting (server slots "
+            "+ engine admission queue, /health every 50 ms); length: stopped by "
             "max_tokens (counted in ok). tok/s: completion tokens of the ok requests over the wall time. TTFT: "
             "first content chunk.",
         ])
         label = "scripted backend" if args.model == "scripted" else f"model {args.model}"
         write_subsection(args.results, "serve_load.py", label, body)
         print(f"wrote ## serve_load.py / ### {label} to {args.results}")
-    return 1 if any(r["errors"] for r in results) else 0
+    return 1 if any(r["errors"] or r["lost"] for r in results) else 0
+
+
+def scaling_line(results: list[dict]) -> str | None:
+    """Issue 12's targets: 8 clients' aggregate tok/s >= 4x one client's, their p50 latency <= 2x."""
+    by = {r["clients"]: r for r in results}
+    one, eight = by.get(1), by.get(8)
+    if not one or not eight or not one["tps"] or not one["lat50"]:
+        return None
+    tps, lat = eight["tps"] / one["tps"], eight["lat50"] / one["lat50"]
+    return (f"8 clients vs 1: aggregate tok/s {tps:.2f}x (target >= 4x: {'met' if tps >= 4 else 'NOT met'}), "
+            f"p50 latency {lat:.2f}x (target <= 2x: {'met' if lat <= 2 else 'NOT met'}).")
 
 
 if __name__ == "__main__":

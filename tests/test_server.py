@@ -245,20 +245,25 @@ async def test_16_concurrent_requests_with_different_schemas(app, url):
 LONG = "REPLY: " + " ".join(["hello world"] * 150)
 
 
+def long_requests(url: str, max_tokens: int) -> tuple[dict, list[threading.Thread]]:
+    """Two LONG requests, "a" and "b", ready to start one by one in threads: (results, threads)."""
+    results: dict[str, object] = {}
+
+    def run(name):
+        try:
+            results[name] = client(url).chat.completions.create(model="m", messages=user(LONG), max_tokens=max_tokens,
+                                                                temperature=0)
+        except Exception as e:
+            results[name] = e
+
+    return results, [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+
+
 def test_queue_full_is_503_with_retry_after():
     app = create_app(model=scripted(forward_delay=0.02), max_concurrency=1, max_queue=1, retry_after=2)
     with serve_in_thread(app) as url:
         srv = app.state.grammask
-        results: dict[str, object] = {}
-
-        def run(name):
-            try:
-                results[name] = client(url).chat.completions.create(model="m", messages=user(LONG), max_tokens=60,
-                                                                    temperature=0)
-            except Exception as e:
-                results[name] = e
-
-        threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+        results, threads = long_requests(url, 60)
         threads[0].start()
         assert wait_until(lambda: srv.slots.active == 1)
         threads[1].start()
@@ -274,6 +279,53 @@ def test_queue_full_is_503_with_retry_after():
         assert all(getattr(r, "choices", None) for r in results.values()), results  # queued one was served
         # the slot is released just after the response is sent: wait for it, bounded
         assert wait_until(lambda: srv.slots.active == 0) and srv.slots.rejected == 2
+
+
+def test_engine_queue_full_is_503_with_retry_after():
+    """The engine's own admission queue (max_running caches, max_queue waiting) past its limit: 503 +
+    Retry-After, streaming or not, while the running and the queued requests finish."""
+    backend = scripted(forward_delay=0.02)
+    app = create_app(model=backend, max_concurrency=8, max_queue=8, retry_after=3,
+                     engine_kwargs={"max_running": 1, "max_queue": 1})
+    with serve_in_thread(app) as url:
+        srv = app.state.grammask
+        results, threads = long_requests(url, 40)
+        threads[0].start()
+        assert wait_until(lambda: srv.engine is not None and srv.engine.scheduler_stats["running_seqs"] == 1)
+        threads[1].start()
+        assert wait_until(lambda: srv.engine.scheduler_stats["waiting"] == 1)
+        assert httpx.get(url + "/health").json()["engine"]["waiting"] == 1
+        for stream in (False, True):
+            raw = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": user("hi"),
+                                                                 "stream": stream})
+            assert raw.status_code == 503 and raw.headers["retry-after"] == "3", raw.text
+            assert raw.json()["error"]["code"] == "queue_full"
+        for t in threads:
+            t.join(60)
+        assert all(getattr(r, "choices", None) for r in results.values()), results
+        assert len(backend.live) <= 1
+        assert wait_until(lambda: not srv.engine.active_requests) and not backend.live
+
+
+def test_malformed_request_in_a_busy_batch_gets_its_400():
+    backend = scripted(forward_delay=0.01)
+    app = create_app(model=backend, max_concurrency=4, max_queue=4)
+    with serve_in_thread(app) as url:
+        srv = app.state.grammask
+        results, threads = long_requests(url, 40)
+        for t in threads:
+            t.start()
+        assert wait_until(lambda: srv.engine is not None and len(srv.engine.active_requests) == 2)
+        n_calls = len(backend.calls)
+        for bad in ({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                                                                                 "schema": {"type": "nonsense"}}}},
+                    {"response_format": {"type": "grammar", "grammar": "root ::= ("}}, {"temperature": -1}):
+            raw = httpx.post(url + "/v1/chat/completions", json={"model": "m", "messages": user("hi"), **bad})
+            assert raw.status_code == 400, raw.text
+        assert wait_until(lambda: len(backend.calls) > n_calls)  # the batch went on
+        for t in threads:
+            t.join(60)
+        assert [results[k].choices[0].finish_reason for k in "ab"] == ["length", "length"], results
 
 
 def test_client_dropped_mid_stream_frees_its_slot_at_once():

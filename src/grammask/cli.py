@@ -1,7 +1,7 @@
 """``grammask chat [--schema FILE | --grammar FILE | --regex P | --json] "prompt"``: one chat turn on
 the embedded model (or ``--model``), constrained as asked; prints the answer, then a usage line.
 
-``grammask serve [--model M] [--host 127.0.0.1] [--port 8000] [--max-concurrency N]``: the
+``grammask serve [--model M] [--backend transformers|llamacpp|auto] [--host 127.0.0.1] [--port 8000] [--max-concurrency N]``: the
 OpenAI-compatible HTTP server (:mod:`grammask.adapters.server`, needs the ``serve`` extra)."""
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _response_format(args) -> dict | None:
 async def _chat(args) -> int:
     from .adapters.models import create_engine
 
-    engine = await create_engine(model=args.model, device=args.device)
+    engine = await create_engine(model=args.model, device=args.device, backend=args.backend,
+                                 backend_options=_backend_options(args))
     try:
         messages = []
         if args.system:
@@ -75,6 +76,20 @@ async def _chat(args) -> int:
     return 0
 
 
+def _add_backend_args(p) -> None:
+    p.add_argument("--backend", choices=["transformers", "llamacpp", "auto"], default="transformers",
+                   help="model runtime: transformers (default), llamacpp (GGUF on CPU, needs the 'llamacpp' "
+                        "extra) or auto (llamacpp for a GGUF model when installed)")
+    p.add_argument("--threads", type=int, default=None, metavar="T",
+                   help="llama.cpp threads (llamacpp backend; default: llama.cpp's own)")
+
+
+def _backend_options(args) -> dict:
+    if args.backend != "transformers" and args.threads is not None:
+        return {"n_threads": args.threads}
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="grammask", description="grammar-constrained decoding")
     sub = p.add_subparsers(dest="command", required=True)
@@ -87,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     fmt.add_argument("--json", action="store_true", help="the answer is a JSON object")
     c.add_argument("--model", default=None, help="GGUF file, model folder or HF id (default: embedded SmolLM2-135M)")
     c.add_argument("--device", default="auto")
+    _add_backend_args(c)
     c.add_argument("--system", default=None, help="system message")
     c.add_argument("--max-tokens", type=int, default=256)
     c.add_argument("--temperature", type=float, default=0.0)
@@ -115,6 +131,7 @@ def _add_serve_parser(sub) -> None:
                    help="GGUF file, model folder or HF id (default: embedded SmolLM2-135M); 'scripted' serves the "
                         "deterministic test backend, which echoes the last line of the prompt")
     s.add_argument("--device", default="auto")
+    _add_backend_args(s)
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--max-concurrency", type=int, default=None, metavar="N",
@@ -161,6 +178,10 @@ def _serve(args) -> int:
     engine_kwargs = {} if args.max_batch is None else {"max_batch": args.max_batch}
     if args.json_whitespace is not None:
         engine_kwargs["json_whitespace"] = args.json_whitespace
+    if args.model != "scripted" and args.backend != "transformers":
+        # create_engine's own options, passed through the server's engine_kwargs
+        engine_kwargs["backend"] = args.backend
+        engine_kwargs["backend_options"] = _backend_options(args)
     try:
         app = create_app(model=model, device=args.device, engine_kwargs=engine_kwargs,
                          max_concurrency=args.max_concurrency, max_queue=args.max_queue, retry_after=args.retry_after,

@@ -53,29 +53,68 @@ def embedded_model_path() -> str:
     )
 
 
-def load_backend(model=None, device: str = "auto"):
+#: the backends :func:`load_backend` knows by name
+BACKENDS = ("transformers", "llamacpp", "auto")
+
+
+def _is_gguf(model) -> bool:
+    if model is None:
+        return True
+    p = Path(model).expanduser()
+    if p.is_dir() and not (p / "config.json").is_file():
+        return len(list(p.glob("*.gguf"))) == 1
+    return p.suffix.lower() == ".gguf"
+
+
+def _llamacpp_available() -> bool:
+    try:
+        return importlib.util.find_spec("llama_cpp") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def load_backend(model=None, device: str = "auto", *, backend: str = "transformers", **backend_options):
     """The model backend of ``model``: None (the embedded SmolLM2-135M-Instruct), a GGUF file or
-    model folder, a Hugging Face model id (a :class:`~.transformers_backend.TransformersBackend`),
-    or a ready backend object (returned as is)."""
+    model folder, a Hugging Face model id, or a ready backend object (returned as is).
+
+    ``backend``: ``"transformers"`` (:class:`~.transformers_backend.TransformersBackend`, the
+    default), ``"llamacpp"`` (:class:`~.llamacpp_backend.LlamaCppBackend`: GGUF files only, CPU,
+    needs the ``llamacpp`` extra) or ``"auto"`` (llama.cpp for a GGUF model when ``llama_cpp`` is
+    installed, else transformers). ``backend_options`` go to the backend's loader (e.g.
+    ``n_threads``, ``n_seq_max``, ``n_ctx`` for llama.cpp; ``dtype``, ``num_threads`` for transformers).
+    """
     if model is not None and not isinstance(model, (str, os.PathLike)):
         return model
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "auto":
+        backend = "llamacpp" if _is_gguf(model) and _llamacpp_available() else "transformers"
+    if backend == "llamacpp":
+        if device not in ("auto", "cpu", None):
+            raise ValueError(f"the llamacpp backend runs on the CPU, not {device!r}")
+        from .llamacpp_backend import LlamaCppBackend
+
+        return LlamaCppBackend(model, **backend_options)
     from .transformers_backend import TransformersBackend
 
-    return TransformersBackend.load(model, device=device)
+    return TransformersBackend.load(model, device=device, **backend_options)
 
 
-async def create_engine(model=None, device: str = "auto", *, warmup: bool = True, **engine_kwargs):
+async def create_engine(model=None, device: str = "auto", *, backend: str = "transformers",
+                        backend_options: dict | None = None, warmup: bool = True, **engine_kwargs):
     """An :class:`~grammask.pipeline.AsyncEngine` over :func:`load_backend`'s backend (the model is
-    loaded in a worker thread); ``engine_kwargs`` are the engine's options."""
+    loaded in a worker thread; ``backend`` and ``backend_options`` as there); ``engine_kwargs`` are
+    the engine's options."""
     import anyio
 
     from ..pipeline.engine import AsyncEngine
 
     if model is not None and not isinstance(model, (str, os.PathLike)):
-        backend = model
+        be = model
     else:
-        backend = await anyio.to_thread.run_sync(lambda: load_backend(model, device))
-    return await AsyncEngine.create(backend, warmup=warmup, **engine_kwargs)
+        be = await anyio.to_thread.run_sync(
+            lambda: load_backend(model, device, backend=backend, **(backend_options or {})))
+    return await AsyncEngine.create(be, warmup=warmup, **engine_kwargs)
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -93,6 +132,7 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
 
 
 __all__ = [
+    "BACKENDS",
     "EMBEDDED_MODEL_FILE",
     "EMBEDDED_MODEL_MODULE",
     "EMBEDDED_MODEL_NAME",

@@ -29,13 +29,15 @@ Errors are shaped like OpenAI's: ``{"error": {"message", "type", "param", "code"
   starts, so a request whose format cannot be enforced never gets a 200 with free text;
 - 401 with a wrong or missing API key (when the server has one), 404/405 for unknown routes;
 - 503 ``server_error`` / ``queue_full`` with ``Retry-After`` when all ``max_concurrency`` slots
-  are busy and ``max_queue`` requests already wait for one;
+  are busy and ``max_queue`` requests already wait for one, or when the engine's own admission
+  queue is full (``engine_kwargs`` ``max_running`` / ``max_queue``, ``pipeline/scheduler.py``);
 - 500 ``server_error`` when generation fails (e.g. the model's forward pass raised).
 
 Admission: a request holds one of ``max_concurrency`` slots from admission until its response
 ends; others wait in a FIFO queue of at most ``max_queue``. A client that disconnects (while
 queued, while generating, or mid-stream) cancels its request at once: the engine aborts it and
-its slot goes to the next waiting request.
+its slot goes to the next waiting request. ``/health`` reports the slots and, under ``engine``,
+the engine's admission queue (sequences holding a cache, requests waiting, the most seen waiting).
 
 Engine lifecycle: with ``create_app(engine)`` the app uses that engine and leaves it open
 (``close_engine=True`` to close it at shutdown). Otherwise the app makes the engine in its
@@ -66,6 +68,7 @@ from ..errors import (
     InvalidSchemaError,
     UnsupportedSchemaError,
 )
+from ..pipeline.scheduler import QueueFullError
 
 try:
     from starlette.applications import Starlette
@@ -90,10 +93,6 @@ __all__ = ["DEFAULT_MAX_CONCURRENCY", "GrammaskServer", "QueueFullError", "creat
 
 
 # ---------------------------------------------------------------------------------------------- errors
-class QueueFullError(GrammaskError, RuntimeError):
-    """Every slot is busy and the waiting queue is full (HTTP 503 with ``Retry-After``)."""
-
-
 def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
                code: str | None = None) -> dict:
     """OpenAI's error object."""
@@ -164,6 +163,7 @@ class _Slots:
         self._waiters: deque[anyio.Event] = deque()
         self.admitted = 0
         self.rejected = 0
+        self.max_waiting_seen = 0
 
     @property
     def waiting(self) -> int:
@@ -180,6 +180,7 @@ class _Slots:
                                  f"waiting (max_concurrency {self.limit}, max_queue {self.max_queue}); retry later")
         ev = anyio.Event()
         self._waiters.append(ev)
+        self.max_waiting_seen = max(self.max_waiting_seen, len(self._waiters))
         try:
             await ev.wait()
         except BaseException:
@@ -277,11 +278,18 @@ class GrammaskServer:
             "max_queue": self.slots.max_queue,
             "admitted": self.slots.admitted,
             "rejected": self.slots.rejected,
+            "max_waiting_seen": self.slots.max_waiting_seen,
             "completed": self.completed,
             "failed": self.failed,
             "disconnected": self.disconnected,
             "engine_requests": len(eng.active_requests) if eng is not None else 0,
+            # the engine's own admission queue (sequences holding a cache, requests waiting for one)
+            "engine": eng.scheduler_stats if eng is not None and hasattr(eng, "scheduler_stats") else None,
         }
+
+    def retry_headers(self, status: int) -> dict[str, str] | None:
+        """``Retry-After`` for a 503 (a full queue, the server's or the engine's)."""
+        return {"retry-after": str(max(1, math.ceil(self.retry_after)))} if status == 503 else None
 
 
 # ---------------------------------------------------------------------------------------------- ASGI helpers
@@ -421,8 +429,7 @@ class _ChatCompletionsEndpoint:
             return
         if error is not None:
             status, err = error_for_exception(error, req)
-            hdr = {"retry-after": str(max(1, math.ceil(server.retry_after)))} if status == 503 else None
-            await _send_json(send, status, err, hdr)
+            await _send_json(send, status, err, server.retry_headers(status))
             return
         handed_over = False
         try:
@@ -447,7 +454,8 @@ class _ChatCompletionsEndpoint:
             status, err = error_for_exception(error, req)
             if status >= 500:
                 logger.warning("request failed: %s: %s", type(error).__name__, error)
-            await _send_json(send, status, err)
+            await _send_json(send, status, err, server.retry_headers(status) if isinstance(error, QueueFullError)
+                             else None)
             return
         server.completed += 1
         await _send_json(send, 200, result.model_dump_json().encode("utf-8"), {"x-request-id": result.id})
@@ -466,7 +474,8 @@ class _ChatCompletionsEndpoint:
             if error is not None:
                 server.failed += 1
                 status, err = error_for_exception(error, req)
-                await _send_json(send, status, err)
+                await _send_json(send, status, err, server.retry_headers(status)
+                                 if isinstance(error, QueueFullError) else None)
                 return
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),

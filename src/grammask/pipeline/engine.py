@@ -15,9 +15,15 @@ How a request runs
    before anything else happens), the prompt tokenized, one backend sequence made per choice.
 2. *Admission*: the grammar is compiled (or taken from the LRU cache) in a worker thread while the
    prompt is prefilled (anyio task group); a compile error fails the request cleanly.
+   A request gets its backend sequences (caches) when it is admitted: at most ``max_running``
+   sequences at once; the others wait in a FIFO of at most ``max_queue`` requests (past it:
+   :class:`~.scheduler.QueueFullError`, the server's 503) and are admitted as slots free.
 3. *Steps*: there is no background task. Whoever waits for progress (a ``create`` call, a stream's
-   ``__anext__``) runs the next step if none is running, otherwise waits for it; every step serves
-   every active request (batched), so concurrent requests progress together and fairly. A step:
+   ``__anext__``) runs the next step if none is running, otherwise waits for it; each step's batch
+   is chosen by :func:`~.scheduler.plan_step` (at most ``max_batch`` sequences and
+   ``max_tokens_per_step`` tokens: decode tokens first, least recently served first, then prefill
+   chunks of the oldest prompts: chunked prefill), so concurrent requests progress together and
+   no request starves (bound in ``pipeline/scheduler.py``). A step:
    the forward pass of all pending tokens (one batched ``backend.forward`` in a worker thread) and
    the mask filling of all grammar-constrained choices (worker thread, Numba releases the GIL) run
    at the same time; then, in a worker thread: masks applied to the logits on their device,
@@ -69,6 +75,7 @@ from .protocol import (
     parse_request,
 )
 from .response_format import GrammarSpec, compile_spec, grammar_spec
+from .scheduler import AdmissionQueue, plan_step
 from .sampling import SampleResult, Sampler, SamplingParams
 from .streaming import TextAssembler
 from .structural_tag import TOOL_TRIGGER, new_tool_call_id, parse_tool_calls, tools_system_prompt
@@ -83,7 +90,7 @@ _ABANDON = ({"abandon_on_cancel": True}
 class _Choice:
     index: int
     request: "_Request"
-    seq: Any
+    seq: Any            # None while the request waits for admission
     sampler: Sampler
     text: TextAssembler
     max_new: int
@@ -97,6 +104,7 @@ class _Choice:
     incomplete: bool = False
     prefilled: bool = False
     released: bool = False
+    served: int = 0     # the last step that fed it (its admission step before that): decode order
     # stream cursors
     role_sent: bool = False
     cursor: int = 0
@@ -143,7 +151,9 @@ class AsyncEngine:
     """See the module docstring. Build with :meth:`create` (or the constructor, given a backend)."""
 
     def __init__(self, backend, *, cache_size: int = 64, fast_forward: bool = True, max_batch: int = 32,
-                 trace: bool = False, json_whitespace: str = "flexible", parallel_masks: bool = True):
+                 max_tokens_per_step: int | None = 512, max_running: int | None = None,
+                 max_queue: int | None = 256, trace: bool = False, json_whitespace: str = "flexible",
+                 parallel_masks: bool = True):
         self.backend = backend
         self.tokenizer_info = backend.tokenizer_info
         self.model_name = getattr(backend, "name", "model")
@@ -152,6 +162,11 @@ class AsyncEngine:
         self.grammar_cache = self.compiler.cache
         self.fast_forward = fast_forward
         self.max_batch = max(1, max_batch)
+        if max_tokens_per_step is not None and max_tokens_per_step < 1:
+            raise ValueError("max_tokens_per_step must be >= 1 (or None: unlimited)")
+        self.max_tokens_per_step = max_tokens_per_step
+        # sequences holding a backend cache, and the bounded FIFO of requests waiting for one
+        self.admission = AdmissionQueue(self.max_batch if max_running is None else max_running, max_queue)
         self.json_whitespace = json_whitespace
         self.trace: deque | None = deque(maxlen=100_000) if trace else None
         self._eos = frozenset(int(t) for t in backend.eos_token_ids)
@@ -161,7 +176,6 @@ class AsyncEngine:
         self._stepping = False
         self._closed = False
         self._changed = anyio.Event()
-        self._rr = 0
         self._step_no = 0   # decode steps taken (trace entries of one step share it)
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, os.cpu_count() or 1)),
                                         thread_name_prefix="grammask-masks") if parallel_masks else None
@@ -218,6 +232,11 @@ class AsyncEngine:
     def active_requests(self) -> list[str]:
         return list(self._requests)
 
+    @property
+    def scheduler_stats(self) -> dict:
+        """Sequences holding a cache, requests waiting for admission, the most seen waiting, refusals."""
+        return self.admission.stats()
+
     # ------------------------------------------------------------------ control
     def interrupt(self, request_id: str) -> bool:
         """Stop a request now (``finish_reason="abort"``); False if it is unknown or finished."""
@@ -244,6 +263,9 @@ class AsyncEngine:
             for c in r.choices:
                 if not c.released and (c.finish_reason is not None or r.error is not None or r.aborted):
                     c.released = True
+                    if c.seq is None:  # never admitted
+                        continue
+                    self.admission.release(1)
                     try:
                         self.backend.release(c.seq)
                     except Exception:  # pragma: no cover - a backend bug must not wedge the engine
@@ -251,7 +273,31 @@ class AsyncEngine:
             if r.done:
                 if r.t_end is None:
                     r.t_end = time.perf_counter()
+                self.admission.discard(r)
                 del self._requests[rid]
+        self._admit_waiting()
+
+    def _admit_waiting(self) -> None:
+        """Give the waiting requests that fit now their sequences (never during a step)."""
+        if self._stepping or self._closed:
+            return
+        admitted = self.admission.admit()
+        for k, r in enumerate(admitted):
+            try:
+                for c in r.choices:
+                    c.seq = self.backend.new_sequence()
+                    c.pending = list(r.prompt_ids)
+                    c.served = self._step_no
+            except Exception as e:
+                err = GenerationError(f"the backend could not make a sequence: {type(e).__name__}: {e}", r.id)
+                err.__cause__ = e
+                r.error = err
+                for c in r.choices:  # the slots counted for sequences never made
+                    if c.seq is None:
+                        c.released = True
+                        self.admission.release(1)
+        if admitted:
+            self._notify()
 
     # ------------------------------------------------------------------ requests
     async def _create(self, request=None, **kwargs):
@@ -261,7 +307,9 @@ class AsyncEngine:
         req = parse_request(request, **kwargs)
         spec = grammar_spec(req, whitespace=self.json_whitespace)
         r = self._new_request(req, spec)
+        self.admission.submit(r, len(r.choices))  # QueueFullError past max_queue: nothing to undo
         self._requests[r.id] = r
+        self._admit_waiting()
         self._notify()
         try:
             if spec is not None:
@@ -293,6 +341,9 @@ class AsyncEngine:
         if len(prompt) >= ctx:
             raise InvalidRequestError(f"the prompt has {len(prompt)} tokens; the model's context is {ctx}",
                                       param="messages")
+        if req.n > self.admission.max_running:
+            raise InvalidRequestError(f"n={req.n} exceeds the engine's max_running {self.admission.max_running}",
+                                      param="n")
         room = ctx - len(prompt)
         limit = req.completion_limit
         max_new = room if limit is None else min(limit, room)
@@ -303,8 +354,7 @@ class AsyncEngine:
         r = _Request(rid, req, spec, prompt, ff, int(time.time()), time.perf_counter())
         triggers = [TOOL_TRIGGER] if req.tools_active else []
         for i in range(req.n):
-            c = _Choice(i, r, self.backend.new_sequence(), samplers[i], TextAssembler(req.stop, triggers), max_new,
-                        pending=list(prompt))
+            c = _Choice(i, r, None, samplers[i], TextAssembler(req.stop, triggers), max_new)
             r.choices.append(c)
         return r
 
@@ -381,21 +431,18 @@ class AsyncEngine:
             self.trace.append({"kind": kind, "start": start, "end": end, **kw})
 
     async def _step(self) -> None:
-        work = [c for r in self._requests.values() if r.error is None and not r.aborted for c in r.choices
-                if c.finish_reason is None and (c.pending or (c.logits is not None and c.ready))]
-        if not work:
+        active = [c for r in self._requests.values() if r.error is None and not r.aborted for c in r.choices
+                  if c.finish_reason is None and c.seq is not None]
+        plan = plan_step(active, max_batch=self.max_batch, budget=self.max_tokens_per_step)
+        if not plan.feed and not plan.sample:
             return
         self._step_no += 1
         step = self._step_no
-        if len(work) > self.max_batch:
-            k = self._rr % len(work)
-            work = (work[k:] + work[:k])[: self.max_batch]
-            self._rr += self.max_batch
-        fwd = [c for c in work if c.pending]
-        samp = [c for c in work if c.ready]
+        fwd = [c for c, _n in plan.feed]
+        tokens = [list(c.pending[:n]) for c, n in plan.feed]
+        samp = plan.sample
         masked = [c for c in samp if c.matcher is not None]
         bitmask = np.empty((len(masked), bitmask_words(self.tokenizer_info.vocab_size)), np.int32) if masked else None
-        tokens = [list(c.pending) for c in fwd]
         out: dict[str, Any] = {}
 
         async def forward():
@@ -433,12 +480,14 @@ class AsyncEngine:
             else:
                 logits = out["logits"]
                 for i, c in enumerate(fwd):
-                    c.pending = []
-                    c.logits = logits[i]
+                    c.served = step
+                    c.pending = c.pending[len(tokens[i]):]
+                    if not c.pending:  # a partial chunk's logits are not a next-token distribution
+                        c.logits = logits[i]
                     if not c.prefilled:
-                        c.prefilled = True
                         r = c.request
                         r.prefill_span = (t0, t1) if r.prefill_span is None else (min(r.prefill_span[0], t0), t1)
+                        c.prefilled = not c.pending
         if masked:
             times, errors, m0, m1 = out["masks"]
             self._trace("mask", m0, m1, step=step, n_rows=len(masked),

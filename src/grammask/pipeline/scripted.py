@@ -14,6 +14,8 @@ scores 8. Every other token scores 0; special tokens -10.
 Every forward pass is recorded (``calls``: start/end ``time.perf_counter`` stamps, batch size,
 token counts), with optional sleeps (``prefill_delay``, ``forward_delay``) and a hook run at the
 start of each prefill (``on_prefill``), so tests can observe overlap and batching.
+A prompt may be fed in chunks (chunked prefill): a sequence's prompt ends when its ids equal a
+prompt ``apply_chat_template`` made; the rows of earlier chunks are zeros.
 """
 from __future__ import annotations
 
@@ -96,6 +98,7 @@ class ScriptedBackend:
         self.live: set[int] = set()
         self._lock = threading.Lock()
         self._busy = False
+        self._prompts: set[tuple[int, ...]] = set()  # chat prompts made here: where a prompt ends
         self._by_first: dict[int, list[tuple[bytes, int]]] = {}
         for i, b in enumerate(self.tokenizer_info.token_bytes):
             if b:
@@ -129,6 +132,7 @@ class ScriptedBackend:
             ids += self.encode((m.get("content") or "") + "\n")
         if add_generation_prompt:
             ids.append(3)
+        self._prompts.add(tuple(ids))
         return ids
 
     # ------------------------------------------------------------------ model
@@ -167,10 +171,11 @@ class ScriptedBackend:
                 s.ids.extend(int(t) for t in toks)
                 if len(s.ids) > self.max_context:
                     raise RuntimeError("context overflow")
-                if s.prompt_len is None:
+                if s.prompt_len is None and tuple(s.ids) in self._prompts:
                     s.prompt_len = len(s.ids)
                     s.target = self.responder(self.decode(s.ids)).encode("utf-8")
-                rows.append(self._logits(s))
+                # a chunk of a prompt (chunked prefill) has no next-token distribution: zeros
+                rows.append(self._logits(s) if s.prompt_len is not None else torch.zeros(self.vocab_size))
             out = torch.stack(rows)
             self.calls.append(ForwardCall(t0, time.perf_counter(), len(seqs), [len(t) for t in tokens], prefill))
             return out
