@@ -10,6 +10,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+import anyio
 import pytest
 
 pytest.importorskip("llama_cpp")
@@ -278,6 +279,19 @@ async def test_engine_greedy_equals_llama_cpp(llama_ref):
             assert r.choices[0].message.content == text
             assert r.choices[0].finish_reason == ("stop" if ref[-1] in backend.eos_token_ids else "length")
         assert backend.free_slots == backend.n_seq_max  # every request released its slot
+        # more concurrent requests than the backend's 2 slots: the engine queues the rest (no
+        # NoFreeSlotError), every request completes, and never more than 2 slots are used
+        assert engine.scheduler_stats["max_running"] == backend.n_seq_max == 2
+        rs = {}
+
+        async def one(k, q):
+            rs[k] = await engine.chat.completions.create(messages=[{"role": "user", "content": q}], max_tokens=8,
+                                                         temperature=0)
+        async with anyio.create_task_group() as tg:
+            for k, q in enumerate(QUESTIONS * 2):
+                tg.start_soon(one, k, q)
+        assert len(rs) == 2 * len(QUESTIONS) and all(r.choices[0].finish_reason for r in rs.values())
+        assert engine.scheduler_stats["max_waiting_seen"] >= 1 and backend.free_slots == 2
     finally:
         await engine.aclose()
     assert backend.closed

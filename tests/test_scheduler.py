@@ -195,6 +195,30 @@ async def test_queue_limit_and_admission_as_slots_free():
     await eng.aclose()
 
 
+
+async def test_admission_never_exceeds_the_backend_slots():
+    """A backend with fixed slots (llama.cpp's n_seq_max): the engine admits no more sequences than
+    it has, the others wait in the queue and complete; asking for more running sequences is refused."""
+    answers = {k: f"{k} " * 6 for k in "abcdef"}
+    seen_live = []
+    eng, b = await make(keyed(answers), backend_kw={"max_sequences": 2, "on_forward": lambda _p: seen_live.append(len(b.live))})
+    assert eng.scheduler_stats["max_running"] == 2
+    out = {}
+
+    async def one(k):
+        out[k] = content(await eng.chat.completions.create(messages=msgs(k), temperature=0))
+
+    async with anyio.create_task_group() as tg:
+        for k in answers:
+            tg.start_soon(one, k)
+    assert out == answers
+    assert max(seen_live) == 2 and eng.scheduler_stats["max_waiting_seen"] >= 1
+    assert not b.live and not eng.active_requests
+    await eng.aclose()
+    with pytest.raises(ValueError, match="sequence slots"):
+        AsyncEngine(ScriptedBackend("x", max_sequences=2), max_running=3)
+
+
 MIXED = {
     "text": ("Hello world the the", None),
     "schema": ('{"name": "Alice", "age": 42}',

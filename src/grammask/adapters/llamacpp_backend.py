@@ -179,6 +179,8 @@ class LlamaCppBackend:
         self._mem = lc.llama_get_memory(ctx)
         self._vocab = lc.llama_model_get_vocab(model)
         self.n_seq_max = int(lc.llama_n_seq_max(ctx))
+        #: the engine admits at most this many sequences (pipeline/backend.py)
+        self.max_sequences = self.n_seq_max
         self.n_batch = int(lc.llama_n_batch(ctx))
         #: positions per sequence (llama.cpp may round its context up: the asked-for size holds)
         self.max_context = min(n_ctx, int(lc.llama_n_ctx(ctx)) // self.n_seq_max)

@@ -24,6 +24,9 @@ class ModelBackend(Protocol):
     eos_token_ids: Sequence[int]
     #: maximum sequence length (prompt + completion)
     max_context: int
+    # Optional: ``max_sequences`` (int), the most sequences the backend can hold at once (e.g.
+    # llama.cpp's ``n_seq_max`` slots); the engine admits no more (``max_running`` defaults to it).
+    # Without it, the engine's ``max_running`` is the only bound.
 
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
                             add_generation_prompt: bool = True) -> list[int]:

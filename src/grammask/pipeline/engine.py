@@ -166,7 +166,14 @@ class AsyncEngine:
             raise ValueError("max_tokens_per_step must be >= 1 (or None: unlimited)")
         self.max_tokens_per_step = max_tokens_per_step
         # sequences holding a backend cache, and the bounded FIFO of requests waiting for one
-        self.admission = AdmissionQueue(self.max_batch if max_running is None else max_running, max_queue)
+        # a backend with a fixed number of sequence slots (llama.cpp's n_seq_max) bounds max_running:
+        # requests past it wait in the queue instead of failing on a slot the backend does not have
+        slots = getattr(backend, "max_sequences", None)
+        if max_running is None:
+            max_running = self.max_batch if slots is None else min(self.max_batch, int(slots))
+        elif slots is not None and max_running > int(slots):
+            raise ValueError(f"max_running {max_running} exceeds the backend's {int(slots)} sequence slots")
+        self.admission = AdmissionQueue(max_running, max_queue)
         self.json_whitespace = json_whitespace
         self.trace: deque | None = deque(maxlen=100_000) if trace else None
         self._eos = frozenset(int(t) for t in backend.eos_token_ids)

@@ -82,7 +82,7 @@ class ScriptedBackend:
                  max_context: int = 2048, forward_delay: float = 0.0, prefill_delay: float = 0.0,
                  on_prefill: Callable[[], None] | None = None,
                  on_forward: Callable[[bool], None] | None = None, fallback: str = ".",
-                 extra_words: Sequence[str] = ()):
+                 extra_words: Sequence[str] = (), max_sequences: int | None = None):
         self.responder = responder if callable(responder) else (lambda _p, r=responder: r)
         self.tokenizer_info = _tokenizer_info(tuple(extra_words))
         self.n_text = len(self.tokenizer_info.token_bytes)
@@ -96,6 +96,8 @@ class ScriptedBackend:
         self.fallback_id = self._token_id(fallback.encode())
         self.calls: list[ForwardCall] = []
         self.live: set[int] = set()
+        #: like llama.cpp's slots: new_sequence past this many live sequences fails (None: no limit)
+        self.max_sequences = max_sequences
         self._lock = threading.Lock()
         self._busy = False
         self._prompts: set[tuple[int, ...]] = set()  # chat prompts made here: where a prompt ends
@@ -137,6 +139,8 @@ class ScriptedBackend:
 
     # ------------------------------------------------------------------ model
     def new_sequence(self) -> ScriptedSequence:
+        if self.max_sequences is not None and len(self.live) >= self.max_sequences:
+            raise RuntimeError(f"all {self.max_sequences} sequence slots are in use")
         s = ScriptedSequence()
         self.live.add(id(s))
         return s
