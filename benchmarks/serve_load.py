@@ -240,6 +240,12 @@ def start_server(args) -> tuple[subprocess.Popen, str]:
         cmd += ["--torch-threads", str(args.torch_threads)]
     if args.json_whitespace:
         cmd += ["--json-whitespace", args.json_whitespace]
+    if args.backend != "transformers":
+        cmd += ["--backend", args.backend]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    if args.max_batch:
+        cmd += ["--max-batch", str(args.max_batch)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT / "src"), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -310,6 +316,10 @@ def main(argv=None) -> int:
     p.add_argument("--max-queue", type=int, default=None, help="server queue (default: the server's, 2 * slots)")
     p.add_argument("--device", default="auto")
     p.add_argument("--torch-threads", type=int, default=1, help="the server's torch threads (0: leave alone)")
+    p.add_argument("--backend", choices=["transformers", "llamacpp", "auto"], default="transformers",
+                   help="the server's model runtime (llamacpp: GGUF on CPU, the 'llamacpp' extra)")
+    p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (llamacpp backend)")
+    p.add_argument("--max-batch", type=int, default=None, help="the engine's sequences per step")
     p.add_argument("--json-whitespace", choices=["flexible", "compact"], default=None)
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--results", default=None, help="write the table into this Markdown file (## serve_load.py)")
@@ -355,7 +365,10 @@ def main(argv=None) -> int:
         print(ratios)
     if args.results:
         model = {"scripted": "scripted backend (no model: server + engine + grammar overhead)",
-                 "embedded": "embedded SmolLM2-135M-Instruct (transformers)"}.get(args.model, args.model)
+                 "embedded": "embedded SmolLM2-135M-Instruct"}.get(args.model, args.model)
+        if args.model != "scripted":
+            model += f", backend {args.backend}" + (f" ({args.threads} threads)" if args.threads else "")
+            model += f", torch threads {args.torch_threads}" if args.backend != "llamacpp" else ""
         body = "\n".join([
             f"Command: `{command_line()}`", "",
             f"Machine: {machine_line()}.  ",
@@ -375,7 +388,7 @@ def main(argv=None) -> int:
             "max_tokens (counted in ok). tok/s: completion tokens of the ok requests over the wall time. TTFT: "
             "first content chunk.",
         ])
-        label = "scripted backend" if args.model == "scripted" else f"model {args.model}"
+        label = "scripted backend" if args.model == "scripted" else f"model {args.model}, {args.backend}"
         write_subsection(args.results, "serve_load.py", label, body)
         print(f"wrote ## serve_load.py / ### {label} to {args.results}")
     return 1 if any(r["errors"] or r["lost"] for r in results) else 0

@@ -118,6 +118,50 @@ def test_fast_forward_rows_in_a_batch(backend):
         backend.release(s)
 
 
+
+def test_packed_prefill_prefix_reuse_and_row_padding_equal_solo(backend):
+    """The three shapes a step can take beside the plain padded call, each equal to solo decoding:
+    prompts joining running sequences in ONE packed call (block-diagonal mask), prompts that start
+    with a kept prompt's tokens (the chat template's system turn) copying that prefix's keys/values
+    instead of computing them, and decode calls padded with throw-away rows to a faster batch size."""
+    from grammask.adapters.prefix_cache import PrefixCache
+
+    qs = QUESTIONS[:4]
+    prompts = [prompt(backend, q) for q in qs]
+    saved = backend.prefix_cache, backend.row_padding.table, backend.row_padding.enabled
+    try:
+        backend.prefix_cache = PrefixCache(0)  # references: no reuse, no padding, one sequence
+        backend.row_padding.enabled = False
+        refs = [solo(backend, p, 3)[1] for p in prompts]
+        backend.prefix_cache = PrefixCache(1 << 26)
+        backend.row_padding.enabled, backend.row_padding.table = True, {2: 4, 3: 4}
+        before = dict(backend.call_stats)
+        seqs = [backend.new_sequence() for _ in qs]
+        first = backend.forward(seqs[:1], prompts[:1])  # alone: its prompt is kept
+        torch.testing.assert_close(first[0], refs[0][0], atol=ATOL, rtol=RTOL)
+        nxt = [int(refs[0][0].argmax())]
+        out = backend.forward(seqs, [nxt] + prompts[1:])  # 1 decode row + 3 prompts: one packed call
+        assert backend.call_stats["packed"] == before["packed"] + 1
+        assert backend.prefix_cache.hits == 3 and backend.prefix_cache.tokens_reused >= 3 * 20
+        torch.testing.assert_close(out[0], refs[0][1], atol=ATOL, rtol=RTOL)
+        for i in (1, 2, 3):
+            torch.testing.assert_close(out[i], refs[i][0], atol=ATOL, rtol=RTOL)
+        # three decode rows run as four (one throw-away row); the fourth sequence waits
+        toks = [[int(out[0].argmax())], [int(out[1].argmax())], [int(out[2].argmax())]]
+        pads = backend.call_stats["pad_rows"]
+        out3 = backend.forward(seqs[:3], toks)
+        assert backend.call_stats["pad_rows"] == pads + 1 and out3.shape[0] == 3
+        torch.testing.assert_close(out3[0], refs[0][2], atol=ATOL, rtol=RTOL)
+        for i in (1, 2):
+            torch.testing.assert_close(out3[i], refs[i][1], atol=ATOL, rtol=RTOL)
+        # the waiting sequence was not touched by the padded call
+        out4 = backend.forward(seqs[3:], [[int(out[3].argmax())]])
+        torch.testing.assert_close(out4[0], refs[3][1], atol=ATOL, rtol=RTOL)
+        for sq in seqs:
+            backend.release(sq)
+    finally:
+        backend.prefix_cache, backend.row_padding.table, backend.row_padding.enabled = saved
+
 def test_bad_row_changes_nothing(backend):
     p = prompt(backend, "Hi")
     a, b = backend.new_sequence(), backend.new_sequence()

@@ -101,11 +101,36 @@ class SlotKVPool:
             self.values[idx] = like.new_zeros(shape)
         return self.keys[idx], self.values[idx]
 
-    # ---------------------------------------------------------------- one call
-    def step(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int], device: Any):
-        """``(StepCache, position_ids [B, Q], mask [B, 1, Q, kv_len] as bool "may attend")`` for one
-        call appending ``counts[i]`` tokens at ``starts[i]`` to slot ``slots[i]``."""
+    # ---------------------------------------------------------------- prefixes (prefix_cache.py)
+    def load(self, slot: int, keys: Any, values: Any) -> None:
+        """Write ``keys``/``values`` ``[layers, kv_heads, n, head_dim]`` at positions ``0 .. n-1`` of ``slot``."""
+        n = keys.shape[2]
+        self.ensure_capacity(n)
+        for idx in range(keys.shape[0]):
+            K, V = self.layer(idx, keys[idx].unsqueeze(0))
+            K[slot, :, :n] = keys[idx]
+            V[slot, :, :n] = values[idx]
+
+    def read(self, slot: int, n: int) -> tuple[Any, Any]:
+        """Copies of positions ``0 .. n-1`` of ``slot``: keys, values ``[layers, kv_heads, n, head_dim]``."""
         import torch
+
+        return (torch.stack([K[slot, :, :n] for K in self.keys]),
+                torch.stack([V[slot, :, :n] for V in self.values]))
+
+    # ---------------------------------------------------------------- one call
+    def step(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int], device: Any,
+             pad_rows: int = 0):
+        """``(StepCache, position_ids [B, Q], mask [B, 1, Q, kv_len] as bool "may attend")`` for one
+        call appending ``counts[i]`` tokens at ``starts[i]`` to slot ``slots[i]``. ``pad_rows``
+        throw-away rows follow (no token, no write: they read the last slot's key 0 only;
+        :mod:`.row_padding`)."""
+        import torch
+
+        if pad_rows:
+            slots = [*slots, *[slots[-1]] * pad_rows]
+            starts = [*starts, *[0] * pad_rows]
+            counts = [*counts, *[0] * pad_rows]
 
         B, Q = len(slots), max(counts)
         kv_len = max(s + n for s, n in zip(starts, counts))
@@ -130,6 +155,39 @@ class SlotKVPool:
         return cache, pos.to(device), allowed.unsqueeze(1).to(device)
 
 
+    def packed_step(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int], device: Any):
+        """One PACKED call: every row's new tokens side by side in a single query row ``[1, T]``
+        (``T = sum(counts)``, no padding). Attention sees the concatenation of the rows' caches (``S``
+        keys: row ``i``'s positions ``0 .. starts[i] + counts[i] - 1``), and the mask lets a token see
+        only its own row's keys up to its position (block-diagonal causal). Returns ``(StepCache,
+        position_ids [1, T], mask [1, 1, T, S] as bool "may attend", last [B])`` with ``last[i]`` the
+        query index of row ``i``'s last token (the logits to keep)."""
+        import torch
+
+        kv_len = max(s + n for s, n in zip(starts, counts))
+        self.ensure_capacity(kv_len)
+        counts_t = torch.tensor(counts, dtype=torch.long)
+        starts_t = torch.tensor(starts, dtype=torch.long)
+        slot_t = torch.tensor(list(slots), dtype=torch.long)
+        row_of_tok = torch.repeat_interleave(torch.arange(len(slots)), counts_t)            # [T]
+        first_tok = torch.cumsum(counts_t, 0) - counts_t                                      # [B]
+        pos = starts_t[row_of_tok] + torch.arange(len(row_of_tok)) - first_tok[row_of_tok]   # [T]
+        ends_t = starts_t + counts_t
+        row_of_key = torch.repeat_interleave(torch.arange(len(slots)), ends_t)              # [S]
+        first_key = torch.cumsum(ends_t, 0) - ends_t
+        key_pos = torch.arange(len(row_of_key)) - first_key[row_of_key]                      # [S]
+        allowed = (row_of_key.unsqueeze(0) == row_of_tok.unsqueeze(1)) & (key_pos.unsqueeze(0) <= pos.unsqueeze(1))
+        T = len(row_of_tok)
+        cache = StepCache(
+            self, int(len(row_of_key)),
+            write=tuple(t.to(device) for t in (slot_t[row_of_tok], pos, torch.zeros(T, dtype=torch.long),
+                                                torch.arange(T))),
+            rows=(slot_t[row_of_key].to(device), key_pos.to(device)),
+        )
+        last = first_tok + counts_t - 1
+        return cache, pos.unsqueeze(0).to(device), allowed.view(1, 1, T, -1).to(device), last.to(device)
+
+
 class StepCache:
     """The cache object handed to the model for one call (duck-typed ``transformers`` Cache: the
     attention layers only call :meth:`update` when position ids and a 4-D mask are given)."""
@@ -147,6 +205,9 @@ class StepCache:
         ws, wp, b, q = self.write
         K[ws, :, wp] = key_states[b, :, q]
         V[ws, :, wp] = value_states[b, :, q]
+        if isinstance(self.rows, tuple):  # packed: the rows' caches end to end, [1, heads, S, dim]
+            si, pi = self.rows
+            return K[si, :, pi].transpose(0, 1).unsqueeze(0), V[si, :, pi].transpose(0, 1).unsqueeze(0)
         # a slice: a view of the pool; a tensor of slots: a gathered copy of their first kv_len positions
         return K[self.rows, :, : self.kv_len], V[self.rows, :, : self.kv_len]
 
