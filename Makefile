@@ -29,8 +29,11 @@ $(LLAMA_STAMP): $(STAMP)
 	CMAKE_BUILD_PARALLEL_LEVEL=$(BUILD_JOBS) $(VPY) -m pip install -q 'llama-cpp-python>=0.3.36'
 	touch $(LLAMA_STAMP)
 
+# the main job runs on the faster backend (llama.cpp, README "Which backend"); if llama.cpp cannot
+# be built here, it says so and runs on transformers
 run: setup
-	$(VPY) examples/extract.py
+	@$(MAKE) --no-print-directory setup-llamacpp || echo "make run: llama-cpp-python did not build; running on transformers" >&2
+	$(VPY) examples/extract.py --backend auto
 
 test: setup
 	$(VPY) -m pytest -q -x

@@ -1,10 +1,16 @@
 """Extract a JSON object valid against a schema from free text, on the embedded model
 (SmolLM2-135M-Instruct, CPU or CUDA), validate it with jsonschema and print it.
 
-    python examples/extract.py            # or: make run (once the Makefile points here)
+    python examples/extract.py                       # make run: the fastest backend installed
+    python examples/extract.py --backend transformers
+
+``--backend auto`` (the default) runs the GGUF file on llama.cpp when the ``llamacpp`` extra is
+installed (``make run`` builds it), else on transformers: measured on this project's 2-core CPU,
+llama.cpp decodes the embedded model about 5x faster (README, "Which backend").
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -30,11 +36,11 @@ SCHEMA = {
 }
 
 
-async def main() -> int:
+async def main(backend: str) -> int:
     import jsonschema
 
-    print("loading the embedded model (SmolLM2-135M-Instruct)...", file=sys.stderr)
-    engine = await create_engine()
+    engine = await create_engine(backend=backend)
+    print(f"embedded model (SmolLM2-135M-Instruct) on {type(engine.backend).__name__}", file=sys.stderr)
     try:
         reply = await engine.chat.completions.create(
             messages=[
@@ -63,4 +69,6 @@ async def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(anyio.run(main))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--backend", choices=["auto", "transformers", "llamacpp"], default="auto")
+    sys.exit(anyio.run(main, ap.parse_args().backend))
