@@ -53,8 +53,9 @@ def cache_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def backend(cache_dir):
-    """First load: converts the GGUF file into ``cache_dir``."""
-    b = TransformersBackend.load(cache_dir=cache_dir, device="cpu")
+    """First load: converts the GGUF file into ``cache_dir``. float32: these tests compare logits at
+    1e-4 (the CPU default is bfloat16 where the CPU has native bfloat16, see test_default_cpu_dtype)."""
+    b = TransformersBackend.load(cache_dir=cache_dir, device="cpu", dtype="float32")
     assert b.source == "gguf-converted"
     return b
 
@@ -139,6 +140,21 @@ def test_backend_attributes(backend):
     backend.release(seq)
 
 
+def test_default_cpu_dtype(monkeypatch):
+    """None on CPU: bfloat16 exactly where the CPU reports native bfloat16 dot products."""
+    import grammask.adapters.transformers_backend as tb
+
+    cpu = torch.device("cpu")
+    for flags, want in (("fpu avx2 avx512f avx512_bf16", torch.bfloat16), ("fpu avx2 amx_bf16", torch.bfloat16),
+                        ("fpu avx2 avx512f avx512bw", torch.float32)):
+        monkeypatch.setattr("builtins.open", lambda *a, _f=flags, **k: __import__("io").StringIO(f"flags\t: {_f}\n"))
+        assert tb.cpu_has_native_bf16() == (want == torch.bfloat16)
+        assert tb.resolve_dtype(None, cpu) == want
+    monkeypatch.undo()
+    assert tb.resolve_dtype(None, torch.device("cuda")) == "auto"
+    assert tb.resolve_dtype("float32", cpu) == torch.float32
+
+
 def test_cache_folder_written_atomically(backend, cache_dir):
     folder = gguf_cache_folder(GGUF_PATH, cache_dir)
     assert backend.cache_folder == str(folder)
@@ -154,7 +170,7 @@ def test_second_load_uses_cache(backend, cache_dir, monkeypatch):
         raise AssertionError("the GGUF file was converted again")
 
     monkeypatch.setattr(tb, "_load_from_gguf", no_conversion)
-    b2 = TransformersBackend.load(GGUF_PATH, cache_dir=cache_dir, device="cpu")
+    b2 = TransformersBackend.load(GGUF_PATH, cache_dir=cache_dir, device="cpu", dtype="float32")
     assert b2.source == "gguf-cache"
     assert b2.vocab_size == backend.vocab_size and b2.eos_token_ids == backend.eos_token_ids
     prompt = chat_ids(b2)
@@ -165,7 +181,7 @@ def test_second_load_uses_cache(backend, cache_dir, monkeypatch):
 
 def test_load_from_folder_and_instance(backend, cache_dir):
     folder = str(gguf_cache_folder(GGUF_PATH, cache_dir))
-    b3 = TransformersBackend.load(folder, device="cpu")
+    b3 = TransformersBackend.load(folder, device="cpu", dtype="float32")
     assert b3.source == "folder" and b3.vocab_size == backend.vocab_size
     b4 = TransformersBackend.load(backend.model, tokenizer=backend.tokenizer, name="smol")
     assert b4.source == "instance" and b4.name == "smol" and b4.model is backend.model

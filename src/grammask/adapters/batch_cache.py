@@ -182,7 +182,7 @@ class SlotKVPool:
             self, int(len(row_of_key)),
             write=tuple(t.to(device) for t in (slot_t[row_of_tok], pos, torch.zeros(T, dtype=torch.long),
                                                 torch.arange(T))),
-            rows=(slot_t[row_of_key].to(device), key_pos.to(device)),
+            rows=[(int(sl), int(e)) for sl, e in zip(slots, ends_t.tolist())],
         )
         last = first_tok + counts_t - 1
         return cache, pos.unsqueeze(0).to(device), allowed.view(1, 1, T, -1).to(device), last.to(device)
@@ -201,13 +201,15 @@ class StepCache:
         self.rows = rows
 
     def update(self, key_states, value_states, layer_idx: int, *args, **kwargs):
+        import torch
+
         K, V = self.pool.layer(layer_idx, key_states)
         ws, wp, b, q = self.write
         K[ws, :, wp] = key_states[b, :, q]
         V[ws, :, wp] = value_states[b, :, q]
-        if isinstance(self.rows, tuple):  # packed: the rows' caches end to end, [1, heads, S, dim]
-            si, pi = self.rows
-            return K[si, :, pi].transpose(0, 1).unsqueeze(0), V[si, :, pi].transpose(0, 1).unsqueeze(0)
+        if isinstance(self.rows, list):  # packed: the rows' caches end to end, [1, heads, S, dim]
+            return (torch.cat([K[sl, :, :n] for sl, n in self.rows], dim=1).unsqueeze(0),
+                    torch.cat([V[sl, :, :n] for sl, n in self.rows], dim=1).unsqueeze(0))
         # a slice: a view of the pool; a tensor of slots: a gathered copy of their first kv_len positions
         return K[self.rows, :, : self.kv_len], V[self.rows, :, : self.kv_len]
 

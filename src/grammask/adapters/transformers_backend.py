@@ -152,12 +152,17 @@ _DTYPE_NAMES = {
 def resolve_dtype(dtype: Any, device: Any) -> Any:
     """A ``torch.dtype`` or ``"auto"`` (the checkpoint's own dtype).
 
-    None means float32 on CPU (reduced-precision matmuls are slow there) and the checkpoint's dtype on
-    accelerators. Strings like ``"bf16"``/``"float16"`` are accepted.
+    None means the checkpoint's dtype on accelerators and, on CPU, bfloat16 where the CPU has native
+    bfloat16 dot products (``avx512_bf16`` or ``amx_bf16``: :func:`cpu_has_native_bf16`), else float32
+    (emulated reduced-precision matmuls are slower than float32). Measured on this project's 2-core
+    AMD EPYC (avx512_bf16), embedded model, one thread: a 1-token step 59 -> 56 ms, 8 sequences
+    117 -> 64 ms, a 46-token prompt 238 -> 154 ms. Strings like ``"bf16"``/``"float16"`` are accepted.
     """
     torch = _torch()
     if dtype is None:
-        return torch.float32 if device.type == "cpu" else "auto"
+        if device.type != "cpu":
+            return "auto"
+        return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
     if isinstance(dtype, str):
@@ -167,6 +172,20 @@ def resolve_dtype(dtype: Any, device: Any) -> Any:
         if name is not None:
             return getattr(torch, name)
     raise ModelLoadError(f"unsupported dtype {dtype!r}; use a torch.dtype, 'auto', 'float32', 'bfloat16' or 'float16'")
+
+
+def cpu_has_native_bf16() -> bool:
+    """The CPU computes bfloat16 dot products in hardware (x86 ``avx512_bf16`` / ``amx_bf16`` flags, read
+    from ``/proc/cpuinfo``; False where that file does not exist)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return bool(flags & {"avx512_bf16", "amx_bf16"})
+    except OSError:
+        pass
+    return False
 
 
 def _chat_ids(out: Any) -> list[int]:
@@ -454,7 +473,8 @@ class TransformersBackend:
         ``tokenizer``: a ``transformers`` tokenizer or a path to load one from (default: the model's own).
         ``device``: ``"auto"`` (CUDA if available, else CPU), ``"cpu"``, ``"cuda"``, ``"cuda:1"``, a
         ``torch.device``; a model instance stays where it is with ``"auto"``.
-        ``dtype``: a torch dtype / name / ``"auto"``; None = float32 on CPU, the checkpoint's dtype on GPU.
+        ``dtype``: a torch dtype / name / ``"auto"``; None = bfloat16 on a CPU with native bfloat16
+        (else float32), the checkpoint's dtype on GPU (:func:`resolve_dtype`).
         ``cache_dir``: overrides the cache folder for converted GGUF files.
         ``num_threads``: if given, ``torch.set_num_threads(num_threads)`` (process-wide!). The default
         leaves PyTorch's setting alone; on an oversubscribed CPU, 1 thread can be several times faster.
@@ -841,5 +861,6 @@ __all__ = [
     "TransformersSequence",
     "gguf_cache_folder",
     "resolve_device",
+    "cpu_has_native_bf16",
     "resolve_dtype",
 ]
