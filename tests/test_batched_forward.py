@@ -119,16 +119,24 @@ def test_fast_forward_rows_in_a_batch(backend):
 
 
 
-def test_packed_prefill_prefix_reuse_and_row_padding_equal_solo(backend):
+@pytest.mark.parametrize("row_attention", [True, False], ids=["attention-per-row", "block-diagonal-mask"])
+def test_packed_prefill_prefix_reuse_and_row_padding_equal_solo(backend, row_attention):
     """The three shapes a step can take beside the plain padded call, each equal to solo decoding:
-    prompts joining running sequences in ONE packed call (block-diagonal mask), prompts that start
-    with a kept prompt's tokens (the chat template's system turn) copying that prefix's keys/values
-    instead of computing them, and decode calls padded with throw-away rows to a faster batch size."""
+    prompts joining running sequences in ONE packed call (attention row by row over each row's slot,
+    packed_attention.py, or the fallback: one attention over all rows' keys with a block-diagonal
+    mask), prompts that start with a kept prompt's tokens (the chat template's system turn) copying
+    that prefix's keys/values instead of computing them, and decode calls padded with throw-away rows
+    to a faster batch size."""
     from grammask.adapters.prefix_cache import PrefixCache
+    from grammask.adapters.transformers_backend import _pack_max_keys
 
+    assert backend._row_attention  # SDPA model: installed at load
     qs = QUESTIONS[:4]
     prompts = [prompt(backend, q) for q in qs]
-    saved = backend.prefix_cache, backend.row_padding.table, backend.row_padding.enabled
+    saved = (backend.prefix_cache, backend.row_padding.table, backend.row_padding.enabled,
+             backend._row_attention, backend._pack_max_keys)
+    backend._row_attention = row_attention
+    backend._pack_max_keys = None if row_attention else _pack_max_keys(backend.model)
     try:
         backend.prefix_cache = PrefixCache(0)  # references: no reuse, no padding, one sequence
         backend.row_padding.enabled = False
@@ -160,7 +168,8 @@ def test_packed_prefill_prefix_reuse_and_row_padding_equal_solo(backend):
         for sq in seqs:
             backend.release(sq)
     finally:
-        backend.prefix_cache, backend.row_padding.table, backend.row_padding.enabled = saved
+        (backend.prefix_cache, backend.row_padding.table, backend.row_padding.enabled,
+         backend._row_attention, backend._pack_max_keys) = saved
 
 def test_bad_row_changes_nothing(backend):
     p = prompt(backend, "Hi")

@@ -155,13 +155,16 @@ class SlotKVPool:
         return cache, pos.to(device), allowed.unsqueeze(1).to(device)
 
 
-    def packed_step(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int], device: Any):
+    def packed_step(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int], device: Any,
+                    per_row: bool = False):
         """One PACKED call: every row's new tokens side by side in a single query row ``[1, T]``
         (``T = sum(counts)``, no padding). Attention sees the concatenation of the rows' caches (``S``
         keys: row ``i``'s positions ``0 .. starts[i] + counts[i] - 1``), and the mask lets a token see
         only its own row's keys up to its position (block-diagonal causal). Returns ``(StepCache,
         position_ids [1, T], mask [1, 1, T, S] as bool "may attend", last [B])`` with ``last[i]`` the
-        query index of row ``i``'s last token (the logits to keep)."""
+        query index of row ``i``'s last token (the logits to keep). ``per_row``: the attention reads each
+        row's slot itself (:mod:`.packed_attention`): the cache hands it the whole pool tensors and
+        the mask is a placeholder ``[1, 1, T, 1]``."""
         import torch
 
         kv_len = max(s + n for s, n in zip(starts, counts))
@@ -173,18 +176,20 @@ class SlotKVPool:
         first_tok = torch.cumsum(counts_t, 0) - counts_t                                      # [B]
         pos = starts_t[row_of_tok] + torch.arange(len(row_of_tok)) - first_tok[row_of_tok]   # [T]
         ends_t = starts_t + counts_t
+        T = len(row_of_tok)
+        last = first_tok + counts_t - 1
+        write = tuple(t.to(device) for t in (slot_t[row_of_tok], pos, torch.zeros(T, dtype=torch.long),
+                                             torch.arange(T)))
+        if per_row:
+            cache = StepCache(self, kv_len, write=write, rows="pool")
+            return (cache, pos.unsqueeze(0).to(device), torch.ones((1, 1, T, 1), dtype=torch.bool, device=device),
+                    last.to(device))
         row_of_key = torch.repeat_interleave(torch.arange(len(slots)), ends_t)              # [S]
         first_key = torch.cumsum(ends_t, 0) - ends_t
         key_pos = torch.arange(len(row_of_key)) - first_key[row_of_key]                      # [S]
         allowed = (row_of_key.unsqueeze(0) == row_of_tok.unsqueeze(1)) & (key_pos.unsqueeze(0) <= pos.unsqueeze(1))
-        T = len(row_of_tok)
-        cache = StepCache(
-            self, int(len(row_of_key)),
-            write=tuple(t.to(device) for t in (slot_t[row_of_tok], pos, torch.zeros(T, dtype=torch.long),
-                                                torch.arange(T))),
-            rows=[(int(sl), int(e)) for sl, e in zip(slots, ends_t.tolist())],
-        )
-        last = first_tok + counts_t - 1
+        cache = StepCache(self, int(len(row_of_key)), write=write,
+                          rows=[(int(sl), int(e)) for sl, e in zip(slots, ends_t.tolist())])
         return cache, pos.unsqueeze(0).to(device), allowed.view(1, 1, T, -1).to(device), last.to(device)
 
 
@@ -207,6 +212,8 @@ class StepCache:
         ws, wp, b, q = self.write
         K[ws, :, wp] = key_states[b, :, q]
         V[ws, :, wp] = value_states[b, :, q]
+        if isinstance(self.rows, str):  # packed, attention per row (packed_attention.py): the pool itself
+            return K, V
         if isinstance(self.rows, list):  # packed: the rows' caches end to end, [1, heads, S, dim]
             return (torch.cat([K[sl, :, :n] for sl, n in self.rows], dim=1).unsqueeze(0),
                     torch.cat([V[sl, :, :n] for sl, n in self.rows], dim=1).unsqueeze(0))

@@ -45,6 +45,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import GrammaskError
 from ..grammar.vocab import as_id_list
 from .batch_cache import SlotKVPool
+from . import packed_attention
 from .prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from .row_padding import RowPadding
 from .models import EMBEDDED_MODEL_NAME, ModelNotFoundError, cache_root, embedded_model_path
@@ -445,6 +446,11 @@ class TransformersBackend:
         self._pool = SlotKVPool()
         #: most keys (all rows' caches end to end) a packed call may attend over (PACK_ATTENTION_SHARE)
         self._pack_max_keys = _pack_max_keys(model)
+        #: packed calls attend row by row over each row's own slot (packed_attention.py; this switches
+        #: an SDPA model to grammask's attention function, which is SDPA itself outside packed calls)
+        self._row_attention = packed_attention.install(model)
+        if self._row_attention:  # no cross-row keys: packing is bounded by PREFILL_CHUNK alone
+            self._pack_max_keys = None
         #: model calls by kind (``padded``, ``packed``) and throw-away rows run (``pad_rows``)
         self.call_stats = {"padded": 0, "packed": 0, "pad_rows": 0}
         #: keys/values of recent prompts, reused by prompts sharing their prefix (``.prefix_cache``)
@@ -731,6 +737,8 @@ class TransformersBackend:
         n = sum(len(t) for t in ids)
         if len(ids) * max(len(t) for t in ids) <= PREFILL_PAD_RATIO * n or n > PREFILL_CHUNK:
             return False
+        if self._pack_max_keys is None:
+            return True
         return sum(s.length + len(t) for s, t in zip(seqs, ids)) <= self._pack_max_keys
 
     def _run(self, seqs: list[TransformersSequence], ids: list[list[int]], packed: bool = False) -> None:
@@ -760,14 +768,19 @@ class TransformersBackend:
 
     def _call_packed(self, seqs, ids, counts):
         torch = _torch()
+        slots, starts = [s.slot for s in seqs], [s.length for s in seqs]
         cache, position_ids, allowed, last = self._pool.packed_step(
-            [s.slot for s in seqs], [s.length for s in seqs], counts, self.torch_device)
+            slots, starts, counts, self.torch_device, per_row=self._row_attention)
         input_ids = torch.tensor([[t for row in ids for t in row]], dtype=torch.long, device=self.torch_device)
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.torch_device)
         mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
         keep = {k: last for k in self._logits_kw}  # the rows' last tokens only (a 1-D index tensor)
-        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
-                         **{self._cache_kw: cache}, use_cache=True, **keep)
+        layout = (packed_attention.packed_layout([(sl, st + n, n) for sl, st, n in zip(slots, starts, counts)],
+                                                 self.torch_device)
+                  if self._row_attention else contextlib.nullcontext())
+        with layout:
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                             **{self._cache_kw: cache}, use_cache=True, **keep)
         logits = out.logits[0] if keep else out.logits[0, last]
         return logits.to(torch.float32)
 
