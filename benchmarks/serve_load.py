@@ -205,7 +205,26 @@ async def run_level(args, url: str, n_clients: int) -> dict:
             "cut": st["cut"], "lost": st["lost"], "max_queue": st["max_queue"], "incomplete": st["incomplete"], "wall": wall, "rps": st["ok"] / wall,
             "tps": st["tokens"] / wall, "tokens": st["tokens"],
             "lat50": percentile(lat, 50), "lat99": percentile(lat, 99),
-            "ttft50": percentile(ttft, 50), "ttft99": percentile(ttft, 99), "samples": st["samples"][:5]}
+            "ttft50": percentile(ttft, 50), "ttft99": percentile(ttft, 99), "samples": st["samples"][:5],
+            "lat": lat, "ttft": ttft}
+
+
+def merge_rounds(runs: list[dict]) -> dict:
+    """One level's rounds as one result: counts and walls added, latencies pooled."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {"clients": runs[0]["clients"]}
+    for k in ("requests", "rejected", "errors", "cut", "lost", "incomplete", "wall", "tokens"):
+        out[k] = sum(r[k] for r in runs)
+    out["max_queue"] = max(r["max_queue"] for r in runs)
+    out["lat"] = sorted(x for r in runs for x in r["lat"])
+    out["ttft"] = sorted(x for r in runs for x in r["ttft"])
+    out["rps"], out["tps"] = out["requests"] / out["wall"], out["tokens"] / out["wall"]
+    out["lat50"], out["lat99"] = percentile(out["lat"], 50), percentile(out["lat"], 99)
+    out["ttft50"], out["ttft99"] = percentile(out["ttft"], 50), percentile(out["ttft"], 99)
+    out["samples"] = [x for r in runs for x in r["samples"]][:5]
+    out["rounds"] = [(r["tps"], r["lat50"]) for r in runs]
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- server
@@ -316,6 +335,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-queue", type=int, default=None, help="server queue (default: the server's, 2 * slots)")
     p.add_argument("--device", default="auto")
     p.add_argument("--torch-threads", type=int, default=1, help="the server's torch threads (0: leave alone)")
+    p.add_argument("--rounds", type=int, default=1, help="run the levels this many times in turn; figures pooled")
     p.add_argument("--backend", choices=["transformers", "llamacpp", "auto"], default="transformers",
                    help="the server's model runtime (llamacpp: GGUF on CPU, the 'llamacpp' extra)")
     p.add_argument("--threads", type=int, default=None, help="llama.cpp threads (llamacpp backend)")
@@ -340,9 +360,17 @@ def main(argv=None) -> int:
         proc, url = start_server(args)
         print(f"server up at {url} in {time.perf_counter() - t:.1f} s", flush=True)
     rows, results = [], []
+    by_level: dict[int, list[dict]] = {n: [] for n in levels}
     try:
+        # rounds take the levels in turn (1, 8, 32, 1, 8, 32, ...): a drift in the machine's speed
+        # (other jobs on a shared box) hits every level alike instead of one level's whole run
+        for _round in range(max(1, args.rounds)):
+            for n in levels:
+                r = asyncio.run(run_level(args, url, n))
+                by_level[n].append(r)
+                print(f"  round {_round + 1}, N={n}: {r['tps']:.1f} tok/s, latency p50 {r['lat50']:.3f} s", flush=True)
         for n in levels:
-            r = asyncio.run(run_level(args, url, n))
+            r = merge_rounds(by_level[n])
             results.append(r)
             print(f"N={n:3d}: {r['requests']} ok, {r['rejected']} 503, {r['errors']} errors, {r['cut']} cut, "
                   f"{r['lost']} lost, max queue {r['max_queue']}, "
@@ -378,7 +406,8 @@ def main(argv=None) -> int:
             f"max_queue {args.max_queue if args.max_queue is not None else 'default (2 x slots)'}.  ",
             f"Workload: {args.format}, one schema per client, streaming with usage, temperature 0, max_tokens "
             f"{args.max_tokens}; per level at most {args.requests or 'max(32, 4N)'} requests and {args.duration:g} s "
-            f"(+{args.grace:g} s grace).", "",
+            f"(+{args.grace:g} s grace)" + (f"; {args.rounds} rounds taking the levels in turn, pooled" if args.rounds > 1
+                                            else "") + ".", "",
             table, "",
             *([ratios, ""] if ratios else []),
             "ok: completed (JSON valid against the client's schema); 503: refused by the full queue; errors: "
@@ -401,8 +430,12 @@ def scaling_line(results: list[dict]) -> str | None:
     if not one or not eight or not one["tps"] or not one["lat50"]:
         return None
     tps, lat = eight["tps"] / one["tps"], eight["lat50"] / one["lat50"]
-    return (f"8 clients vs 1: aggregate tok/s {tps:.2f}x (target >= 4x: {'met' if tps >= 4 else 'NOT met'}), "
+    line = (f"8 clients vs 1: aggregate tok/s {tps:.2f}x (target >= 4x: {'met' if tps >= 4 else 'NOT met'}), "
             f"p50 latency {lat:.2f}x (target <= 2x: {'met' if lat <= 2 else 'NOT met'}).")
+    if "rounds" in one and "rounds" in eight:
+        per = ", ".join(f"{e[0] / o[0]:.2f}x / {e[1] / o[1]:.2f}x" for o, e in zip(one["rounds"], eight["rounds"]))
+        line += f" Per round (tok/s / latency): {per}."
+    return line
 
 
 if __name__ == "__main__":
