@@ -42,7 +42,8 @@ part is skipped (and says so). It is never installed by this script (``make setu
         [--ref-prompts N] [--device cpu] [--backend transformers|llamacpp] [--no-llama-cpp]
         [--no-llama-cpp-backend] [--out FILE] [--results benchmarks/RESULTS.md]
 
-Prints a Markdown report; ``--results`` replaces the ``## e2e.py`` section of a results file.
+Prints a Markdown report; ``--results`` replaces the ``## e2e.py`` section of a results file
+(``## e2e.py --backend llamacpp`` for a main measurement on llama.cpp).
 """
 from __future__ import annotations
 
@@ -737,7 +738,9 @@ def main(argv=None) -> int:
     if args.out:
         Path(args.out).write_text(report, encoding="utf-8")
     if args.results:
-        update_results_section(args.results, "e2e.py", report)
+        # one section per backend of the main measurement
+        title = "e2e.py" if args.backend == "transformers" else f"e2e.py --backend {args.backend}"
+        update_results_section(args.results, title, report)
     return 0
 
 

@@ -187,6 +187,8 @@ class LlamaCppBackend:
         #: positions per sequence (llama.cpp may round its context up: the asked-for size holds)
         self.max_context = min(n_ctx, int(lc.llama_n_ctx(ctx)) // self.n_seq_max)
         self.n_threads = int(lc.llama_n_threads(ctx))
+        #: llama.cpp's threads fill every core: the engine computes masks before the forward, not beside it
+        self.saturates_cpu = self.n_threads >= _available_cores()
         self.n_threads_batch = int(lc.llama_n_threads_batch(ctx))
         self.vocab_size = int(lc.llama_vocab_n_tokens(self._vocab))
         self._batch = lc.llama_batch_init(self.n_batch, 0, 1)

@@ -27,6 +27,8 @@ class ModelBackend(Protocol):
     # Optional: ``max_sequences`` (int), the most sequences the backend can hold at once (e.g.
     # llama.cpp's ``n_seq_max`` slots); the engine admits no more (``max_running`` defaults to it).
     # Without it, the engine's ``max_running`` is the only bound.
+    # Optional: ``saturates_cpu`` (bool), the forward keeps every CPU core busy (llama.cpp with a thread
+    # per core): the engine then computes a step's masks just before the forward instead of beside it.
 
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
                             add_generation_prompt: bool = True) -> list[int]:
