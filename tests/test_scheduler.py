@@ -283,6 +283,30 @@ async def test_batch_equals_solo_with_max_tokens_stop_and_fast_forward(budget):
     await eng.aclose()
 
 
+async def test_masks_before_the_forward_when_the_backend_saturates_the_cpu():
+    """``saturates_cpu`` backends (llama.cpp with a thread per core) get each step's masks before the
+    forward instead of beside it: the same outputs, and every mask span of a step ends before its
+    forward starts (the engine's trace)."""
+    solo = await solo_outputs(MIXED)
+    eng, b = await mixed_engine()
+    b.saturates_cpu = True
+    eng2 = AsyncEngine(b, trace=True)
+    assert eng.overlap_masks and not eng2.overlap_masks
+    await eng.aclose()
+    out = {}
+    async with anyio.create_task_group() as tg:
+        for k in MIXED:
+            tg.start_soon(run_mixed, eng2, k, out)
+    assert out == solo
+    spans: dict[int, dict[str, tuple]] = {}
+    for e in eng2.trace:
+        if e["kind"] in ("mask", "forward"):
+            spans.setdefault(e["step"], {})[e["kind"]] = (e["start"], e["end"])
+    both = [v for v in spans.values() if len(v) == 2]
+    assert both and all(v["mask"][1] <= v["forward"][0] for v in both)
+    await eng2.aclose()
+
+
 async def test_cancel_mid_batch_frees_slot_and_cache():
     answers = {"long": "the " * 30, "regex": "Hello world " * 10, "schema": '{"name": "Alice", "age": 42}',
                "victim": "the " * 100, "late": "Hello world"}
