@@ -617,7 +617,9 @@ class Algebra(Stage):
         def flatten(n, depth=0):
             n = self.expand(n)
             if isinstance(n, Union):
-                if id(n) in seen or depth > MAX_UNFOLD_DEPTH:
+                if id(n) in seen:
+                    return True   # a union within itself (recursion): its options are in already
+                if depth > MAX_UNFOLD_DEPTH:
                     return False
                 seen.add(id(n))
                 return all(flatten(o, depth + 1) for o in n.options)
@@ -625,7 +627,7 @@ class Algebra(Stage):
             return True
 
         if not flatten(node):
-            self.st.unsupported(keyword, ptr, f"cannot track evaluated {what} here (a recursive union)")
+            self.st.unsupported(keyword, ptr, f"cannot track evaluated {what} here (unions nest too deeply)")
             return node
         out = []
         for o in opts:

@@ -105,9 +105,14 @@ class SchemaReader(Stage):
             node = self.alg.isect(node, self.enum_node([s["const"]], ptr + "/const"))
         if ref is not None:
             node = self.alg.isect(node, self.ref_node(ref, base, ptr + "/$ref"))
-        # dynamic references are resolved statically (exact unless a dynamic scope overrides them)
+        # dynamic references are resolved statically: exact unless another resource declares the
+        # same dynamic anchor (the dynamic scope could then pick it): refused
         for kw in ("$dynamicRef", "$recursiveRef"):
             if kw in s:
+                why = self.registry.dynamic_override(kw, s[kw], base, ptr + "/" + kw)
+                if why is not None:
+                    self.st.unsupported(kw, ptr + "/" + kw, why)
+                    continue
                 node = self.alg.isect(node, self.ref_node(s[kw], base, ptr + "/" + kw))
         if self.draft <= 3:
             node = self.draft3(s, node, ptr, base)
