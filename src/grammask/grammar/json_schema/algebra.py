@@ -15,6 +15,7 @@ from ...errors import GrammarTooComplexError, UnsupportedSchemaError
 from .ir import (
     ANY,
     NOTHING,
+    INF,
     ArrC,
     Conj,
     Node,
@@ -25,6 +26,7 @@ from .ir import (
     StrC,
     Typed,
     Union,
+    arr_evaluated,
     arr_free,
     is_nothing,
     meet,
@@ -280,7 +282,9 @@ class Algebra(Stage):
         prefix = tuple(self.isect(a.item(i), b.item(i)) for i in range(n))
         # inline, not meet(): isect recurses through here, and a frame per level would halve the depth
         items = b.items if a.items is None else a.items if b.items is None else self.isect(a.items, b.items)
-        return ArrC(prefix, items, max(a.min, b.min), meet(a.max, b.max, min), a.unique or b.unique, a.contains + b.contains)
+        ev = max(arr_evaluated(a), arr_evaluated(b))
+        return ArrC(prefix, items, max(a.min, b.min), meet(a.max, b.max, min), a.unique or b.unique, a.contains + b.contains,
+                    None if ev == INF else ev)
 
     def arr_empty(self, a: ArrC) -> bool:
         mx = a.max
@@ -293,7 +297,7 @@ class Algebra(Stage):
             mx = lim if mx is None else min(mx, lim)
         if mx is not None and a.min > mx:
             return True
-        for c, cmin, cmax, _, _ in a.contains:
+        for c, cmin, cmax, _, _, _ in a.contains:
             if cmax is not None and cmin > cmax:
                 return True
             if cmin > 0 and is_nothing(c):
@@ -324,8 +328,26 @@ class Algebra(Stage):
             vb = pb[k] if k in pb else self.rest_value(b, k)
             props.append((k, self.isect(va, vb)))
         names = meet(a.names, b.names, self.str_and)
+        # only a name that one side declares without evaluating it may stay unevaluated
+        noeval = frozenset(k for k in a.noeval | b.noeval if not self.evaluates(a, k) and not self.evaluates(b, k))
         return ObjC(tuple(props), tuple(dict.fromkeys(a.required + b.required)), a.rest + b.rest, names,
-                    max(a.min, b.min), meet(a.max, b.max, min), a.some + b.some)
+                    max(a.min, b.min), meet(a.max, b.max, min), a.some + b.some, noeval)
+
+    def evaluates(self, o: ObjC, k: str) -> bool:
+        """Whether an object matching ``o`` has member ``k`` (if present) evaluated: declared in
+        properties, or matched by the patternProperties/additionalProperties of a schema that
+        passed (annotations, for unevaluatedProperties)."""
+        if k not in o.noeval and any(k == x for x, _ in o.props):
+            return True
+        for c in o.rest:
+            if not c.evaluates:
+                continue
+            if c.additional is not None:
+                return True
+            for _, e, _ in c.patterns:
+                if self.ex.matches(e, k.encode("utf-8", "surrogatepass")):
+                    return True
+        return False
 
     def obj_empty(self, o: ObjC) -> bool:
         if o.max is not None and o.min > o.max:
@@ -440,25 +462,26 @@ class Algebra(Stage):
         if a.unique:
             raise CannotNegate("uniqueItems")
         out = []
-        for c, cmin, cmax, _, start in a.contains:
+        # the pieces of a complement evaluate nothing (ev=0, contains without evaluates)
+        for c, cmin, cmax, _, start, _ in a.contains:
             if cmin != 1 or cmax is not None:
                 raise CannotNegate("minContains/maxContains")
             # no item (from index start) matches: every such item is in the complement
-            out.append(ArrC(prefix=(ANY,) * start, items=self.negate(c, ptr)))
+            out.append(ArrC(prefix=(ANY,) * start, items=self.negate(c, ptr), ev=0))
         if a.min > 0:
-            out.append(ArrC(max=a.min - 1))
+            out.append(ArrC(max=a.min - 1, ev=0))
         if a.max is not None:
-            out.append(ArrC(min=a.max + 1))
+            out.append(ArrC(min=a.max + 1, ev=0))
         for i, p in enumerate(a.prefix):
             if p is not ANY:
                 np_ = self.negate(p, ptr)
                 if not is_nothing(np_):
-                    out.append(ArrC(prefix=(ANY,) * i + (np_,), min=i + 1))
+                    out.append(ArrC(prefix=(ANY,) * i + (np_,), min=i + 1, ev=0))
         if a.items is not None and a.items is not ANY:
             ni = self.negate(a.items, ptr)
             if not is_nothing(ni):
                 k = len(a.prefix)
-                out.append(ArrC(prefix=(ANY,) * k, min=k + 1, contains=((ni, 1, None, ptr, k),)))
+                out.append(ArrC(prefix=(ANY,) * k, min=k + 1, contains=((ni, 1, None, ptr, k, False),), ev=0))
         return out
 
     def neg_obj(self, o: ObjC, ptr: str) -> list:
@@ -468,15 +491,17 @@ class Algebra(Stage):
         out = []
         for lang, v in o.some:
             # no member with a key in lang has a value in v: every such member is in not-v
-            out.append(Typed(obj=ObjC(rest=(Conj((("<some>", lang, self.negate(v, ptr)),), None),))))
+            out.append(Typed(obj=ObjC(rest=(Conj((("<some>", lang, self.negate(v, ptr)),), None, evaluates=False),))))
+        # the pieces of a complement evaluate nothing: their names are noeval, their rules
+        # evaluates=False (``not`` never contributes annotations)
         for r in o.required:
-            out.append(Typed(obj=ObjC(props=((r, NOTHING),))))
+            out.append(Typed(obj=ObjC(props=((r, NOTHING),), noeval=frozenset({r}))))
         for k, v in o.props:
             if v is ANY:
                 continue
             nv = self.negate(v, ptr)
             if not is_nothing(nv):
-                out.append(Typed(obj=ObjC(props=((k, nv),), required=(k,))))
+                out.append(Typed(obj=ObjC(props=((k, nv),), required=(k,), noeval=frozenset({k}))))
         declared = [k for k, _ in o.props]
         not_declared = ex.complement(ex.alt(*[ex.literal(k.encode("utf-8", "surrogatepass")) for k in declared])) \
             if declared else None
@@ -574,12 +599,38 @@ class Algebra(Stage):
 
     def _unevaluated(self, node: Node, ptr: str, keyword: str, what: str, rewrite) -> Node:
         """Apply ``rewrite`` (a Typed option -> a new Typed, or None to keep it) to every option
-        of ``node``; an option that is not a plain Typed cannot be tracked."""
+        of ``node``; an option that is not a plain Typed cannot be tracked.
+
+        Exact because each option is a conjunction of schemas that all pass on the values it
+        accepts, and the IR records which of its constraints evaluate (annotations): declared
+        properties and prefixItems, patternProperties/additionalProperties/items, contains
+        (2020-12). Constraints from complements (``not``, the failing side of ``if``, the other
+        branches of an overlapping ``oneOf``) and from ``const``/``enum`` are marked as not
+        evaluating (ObjC.noeval, Conj.evaluates, ArrC.ev, contains' flag), so the keyword
+        still applies to what they constrain. (Where several anyOf branches pass, an option
+        sees the annotations of its own branch only: stricter than the specification, never
+        looser.)"""
         node = self.expand(node)
-        opts = node.options if isinstance(node, Union) else [node]
+        opts = []
+        seen = set()
+
+        def flatten(n, depth=0):
+            n = self.expand(n)
+            if isinstance(n, Union):
+                if id(n) in seen:
+                    return True   # a union within itself (recursion): its options are in already
+                if depth > MAX_UNFOLD_DEPTH:
+                    return False
+                seen.add(id(n))
+                return all(flatten(o, depth + 1) for o in n.options)
+            opts.append(n)
+            return True
+
+        if not flatten(node):
+            self.st.unsupported(keyword, ptr, f"cannot track evaluated {what} here (unions nest too deeply)")
+            return node
         out = []
         for o in opts:
-            o = self.expand(o)
             if not isinstance(o, Typed):
                 self.st.unsupported(keyword, ptr, f"cannot track evaluated {what} here")
                 return node
@@ -593,10 +644,16 @@ class Algebra(Stage):
 
         def rewrite(o: Typed) -> Typed | None:
             ob = o.obj
-            if ob is None or any(c.additional is not None for c in ob.rest):
-                return None   # no object, or additionalProperties evaluates every key
-            pats = tuple((src, e, ANY) for c in ob.rest for src, e, _ in c.patterns)
-            nob = replace(ob, rest=ob.rest + (Conj(pats, u),))
+            if ob is None or any(c.evaluates and c.additional is not None for c in ob.rest):
+                return None   # no object, or additionalProperties evaluates every name
+            pats = tuple((src, e, ANY) for c in ob.rest if c.evaluates for src, e, _ in c.patterns)
+            props = ob.props
+            if ob.noeval:
+                # a name declared only by a complement or a const: present, it is unevaluated
+                # unless an evaluating pattern matches it
+                props = tuple((k, v if k not in ob.noeval or self.evaluates(ob, k) else self.isect(v, u))
+                              for k, v in ob.props)
+            nob = replace(ob, props=props, rest=ob.rest + (Conj(pats, u),), noeval=frozenset())
             return Typed(o.null, o.boolean, o.num, o.string, o.array, nob)
 
         return self._unevaluated(node, ptr, "unevaluatedProperties", "properties", rewrite)
@@ -607,8 +664,16 @@ class Algebra(Stage):
 
         def rewrite(o: Typed) -> Typed | None:
             a = o.array
-            if a is None or a.items is not None:
+            if a is None:
                 return None
-            return Typed(o.null, o.boolean, o.num, o.string, ArrC(a.prefix, u, a.min, a.max, a.unique, a.contains), o.obj)
+            ev = arr_evaluated(a)
+            if ev == INF:
+                return None   # items evaluates every item
+            # an item past the evaluated prefix must match an (evaluating) contains clause or u
+            allow = self.union([c for c, _, _, _, _, evaluates in a.contains if evaluates] + [u])
+            prefix = tuple(p if i < ev else self.isect(p, allow) for i, p in enumerate(a.prefix))
+            items = allow if a.items is None else self.isect(a.items, allow)
+            return Typed(o.null, o.boolean, o.num, o.string, ArrC(prefix, items, a.min, a.max, a.unique, a.contains),
+                         o.obj)
 
         return self._unevaluated(node, ptr, "unevaluatedItems", "items", rewrite)

@@ -277,7 +277,7 @@ class GrammarGenerator(Stage):
         if len(a.contains) > 3:
             raise GrammarTooComplexError("too many contains constraints on one array")
         clauses = []
-        for c, cmin, cmax, cptr, start in a.contains:
+        for c, cmin, cmax, cptr, start, _ in a.contains:
             neg = None
             if cmax is not None:
                 try:

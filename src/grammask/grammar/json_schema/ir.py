@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 __all__ = ["Node", "NumC", "StrC", "ArrC", "Conj", "ObjC", "Typed", "Union", "OneOf", "Ref", "ANY", "NOTHING",
-           "is_nothing", "num_and", "arr_free", "obj_free", "type_mask"]
+           "is_nothing", "num_and", "arr_free", "arr_evaluated", "INF", "obj_free", "type_mask"]
 
 
 class Node:
@@ -56,7 +56,13 @@ class ArrC:
     min: int = 0
     max: int | None = None
     unique: str | None = None   # JSON pointer of a uniqueItems: true
-    contains: tuple = ()   # ((node, min, max|None, pointer), ...)
+    contains: tuple = ()   # ((node, min, max|None, pointer, start, evaluates), ...)
+    # annotations (for unevaluatedItems): the number of leading items evaluated (prefixItems of
+    # the schemas that passed); None: every declared one (the prefix, and every item when items
+    # is set). Constraints that come from a complement (``not``, a failed ``if``, the other
+    # branches of an overlapping ``oneOf``) or from ``const``/``enum`` constrain items without
+    # evaluating them; a contains clause with ``evaluates`` evaluates the items it matches.
+    ev: int | None = None
 
     def item(self, i: int) -> Node:
         if i < len(self.prefix):
@@ -70,6 +76,7 @@ class Conj:
     additionalProperties (None: absent)."""
     patterns: tuple = ()   # ((source, decoded expr, node), ...)
     additional: Node | None = None
+    evaluates: bool = True   # False: a complement's or const's rule (no annotations)
 
 
 @dataclass(eq=False)
@@ -81,6 +88,8 @@ class ObjC:
     min: int = 0
     max: int | None = None
     some: tuple = ()       # ((decoded key language, value node), ...): at least one such member each
+    noeval: frozenset = frozenset()   # names in props that no passing schema evaluates (from a
+                                      # complement or const/enum: see ArrC.ev)
 
 
 @dataclass(eq=False)
@@ -158,6 +167,16 @@ def num_and(a: NumC, b: NumC) -> NumC:
     excl = tuple(dict.fromkeys(a.excl + b.excl))
     nmults = tuple(dict.fromkeys(a.nmults + b.nmults))
     return NumC(a.integer or b.integer, lo, lo_excl, hi, hi_excl, mults, excl, a.nonint or b.nonint, nmults)
+
+
+INF = float("inf")
+
+
+def arr_evaluated(a: ArrC):
+    """How many leading items an array matching ``a`` has evaluated (INF: all of them)."""
+    if a.ev is not None:
+        return a.ev
+    return INF if a.items is not None else len(a.prefix)
 
 
 def arr_free(a: ArrC | None) -> bool:

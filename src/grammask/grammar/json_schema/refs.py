@@ -26,6 +26,8 @@ class RefRegistry:
         self.base0 = "https://grammask.invalid/root.json"
         self.resources: dict[str, tuple] = {}
         self.anchors: dict[str, tuple] = {}
+        self.dynamic_anchors: dict[str, set] = {}   # $dynamicAnchor name -> resources declaring it
+        self.recursive_anchors: set = set()         # resources with "$recursiveAnchor": true
         self._index(root, self.base0, True)
 
     def own_base(self, s: dict, parent: str) -> str:
@@ -54,6 +56,10 @@ class RefRegistry:
         sid = s.get("$id") if self.draft > 4 else s.get("id")
         if isinstance(sid, str) and sid.startswith("#") and self.draft <= 7:
             self.anchors.setdefault(url + sid, (s, parent))
+        if isinstance(s.get("$dynamicAnchor"), str):
+            self.dynamic_anchors.setdefault(s["$dynamicAnchor"], set()).add(url)
+        if s.get("$recursiveAnchor") is True:
+            self.recursive_anchors.add(url)
         for akw in ("$anchor", "$dynamicAnchor"):
             a = s.get(akw)
             if isinstance(a, str):
@@ -94,3 +100,25 @@ class RefRegistry:
         if hit is None:
             raise InvalidSchemaError(f"$ref {ref!r}: anchor not found", pointer)
         return hit[0], hit[1], full
+
+    def dynamic_override(self, kw: str, ref, base: str, pointer: str) -> str | None:
+        """Why ``$dynamicRef``/``$recursiveRef`` may resolve, through the dynamic scope, to
+        another schema than its static target (None: it cannot, static resolution is exact).
+        The dynamic scope can only reach a resource of this document that declares the same
+        anchor; when the static target does not declare it (no bookend), the keyword is a
+        plain ``$ref``."""
+        if not isinstance(ref, str):
+            return None
+        target, _, _ = self.resolve(ref, base, pointer)
+        if not isinstance(target, dict):
+            return None
+        if kw == "$dynamicRef":
+            frag = urldefrag(urljoin(base, ref))[1]
+            if not frag or frag.startswith("/") or target.get("$dynamicAnchor") != frag:
+                return None
+            if len(self.dynamic_anchors.get(frag, ())) > 1:
+                return f"several resources declare $dynamicAnchor {frag!r}: the dynamic scope decides which applies"
+            return None
+        if target.get("$recursiveAnchor") is not True or len(self.recursive_anchors) <= 1:
+            return None
+        return "several resources declare $recursiveAnchor: the dynamic scope decides which applies"

@@ -105,9 +105,14 @@ class SchemaReader(Stage):
             node = self.alg.isect(node, self.enum_node([s["const"]], ptr + "/const"))
         if ref is not None:
             node = self.alg.isect(node, self.ref_node(ref, base, ptr + "/$ref"))
-        # dynamic references are resolved statically (exact unless a dynamic scope overrides them)
+        # dynamic references are resolved statically: exact unless another resource declares the
+        # same dynamic anchor (the dynamic scope could then pick it): refused
         for kw in ("$dynamicRef", "$recursiveRef"):
             if kw in s:
+                why = self.registry.dynamic_override(kw, s[kw], base, ptr + "/" + kw)
+                if why is not None:
+                    self.st.unsupported(kw, ptr + "/" + kw, why)
+                    continue
                 node = self.alg.isect(node, self.ref_node(s[kw], base, ptr + "/" + kw))
         if self.draft <= 3:
             node = self.draft3(s, node, ptr, base)
@@ -308,7 +313,8 @@ class SchemaReader(Stage):
             c = self.to_ir(s["contains"], ptr + "/contains", base)
             cmin = self._count(s, "minContains", ptr)
             cmax = self._count(s, "maxContains", ptr)
-            contains = ((c, 1 if cmin is None else cmin, cmax, ptr + "/contains", 0),)
+            # contains evaluates the items it matches from draft 2020-12 on (not in 2019-09)
+            contains = ((c, 1 if cmin is None else cmin, cmax, ptr + "/contains", 0, self.draft >= 2020),)
         return ArrC(tuple(prefix), items, mn, mx, unique, contains)
 
     def obj_c(self, s: dict, ptr: str, base: str) -> ObjC:
@@ -405,10 +411,11 @@ class SchemaReader(Stage):
         if isinstance(v, str):
             return Typed(string=StrC(literals=frozenset({v})))
         if isinstance(v, list):
-            return Typed(array=ArrC(tuple(self.const_node(x, ptr) for x in v), NOTHING, len(v), len(v)))
+            # const/enum constrain items and members without evaluating them (no annotations)
+            return Typed(array=ArrC(tuple(self.const_node(x, ptr) for x in v), NOTHING, len(v), len(v), ev=0))
         if isinstance(v, dict):
             props = tuple((k, self.const_node(x, ptr)) for k, x in v.items())
-            return Typed(obj=ObjC(props, tuple(v), (Conj((), NOTHING),)))
+            return Typed(obj=ObjC(props, tuple(v), (Conj((), NOTHING, evaluates=False),), noeval=frozenset(v)))
         raise InvalidSchemaError(f"not a JSON value: {v!r}", ptr)
 
     # -------------------------------------------------------------- if, dependencies
@@ -434,4 +441,5 @@ class SchemaReader(Stage):
             sub = self.to_ir(v, ptr, base)
             present = self.alg.isect(Typed(obj=ObjC(required=(k,))), sub)
         non_obj = Typed(True, frozenset({True, False}), NumC(), StrC(), ArrC(), None)
-        return self.alg.union([non_obj, Typed(obj=ObjC(props=((k, NOTHING),))), present])
+        absent = Typed(obj=ObjC(props=((k, NOTHING),), noeval=frozenset({k})))
+        return self.alg.union([non_obj, absent, present])
