@@ -753,3 +753,19 @@ def test_long_property_lists_compile():
     for doc in ({}, {f"p{n - 1}": 1}, {"p0": 0, f"p{n // 2}": 5, f"p{n - 1}": 7}):
         assert accepts(cg, json.dumps(doc)), doc
     assert not accepts(cg, json.dumps({f"p{n - 1}": 1, "p0": 0}))   # definition order
+
+
+def test_anchors_under_names_that_are_keywords_elsewhere():
+    """A definition or property NAMED like a data keyword ("default", "enum", "const") holds a schema:
+    its $anchor / $id are found (the data keywords' own values are never indexed)."""
+    named = {"default": {"$anchor": "num", "type": "integer"}, "enum": {"$id": "https://example.com/s", "type": "string"}}
+    refs = {"a": {"$ref": "#num"}, "b": {"$ref": "https://example.com/s"}}
+    for schema in ({"$defs": named, "type": "object", "properties": refs, "additionalProperties": False},
+                   {"type": "object", "properties": {**named, **refs}, "additionalProperties": False}):
+        schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+        cg = compile_schema(schema)
+        for x in ({"a": 1}, {"b": "x"}, {"a": "x"}, {"b": 2}, {"default": 3}, {"default": "y"}):
+            assert accepts(cg, json.dumps(x)) == is_valid(schema, x), (schema, x)
+    # a "default" VALUE with an $anchor inside is data: not a schema to resolve
+    with pytest.raises(InvalidSchemaError):
+        compile_schema({"default": {"$anchor": "x"}, "$ref": "#x"})

@@ -16,6 +16,12 @@ def _urldefrag(url: str) -> tuple[str, str]:
     return r[0], r[1]
 
 
+#: keywords whose values are instance data, never schemas (not indexed)
+_DATA_KEYWORDS = frozenset(("enum", "const", "examples", "default", "example"))
+#: keywords whose values map names (property names, definition names) to schemas
+_NAME_MAPS = frozenset(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas",
+                        "dependencies"))
+
 class RefRegistry:
     """Every resource (``$id``) and anchor of the document ``root``, indexed when made; resolves
     ``$ref`` values against them. Nothing remote is fetched."""
@@ -65,9 +71,12 @@ class RefRegistry:
             if isinstance(a, str):
                 self.anchors.setdefault(url + "#" + a, (s, parent))
         for k, v in s.items():
-            if k in ("enum", "const", "examples", "default", "example"):
+            if k in _DATA_KEYWORDS:
                 continue
-            if isinstance(v, (dict, list)):
+            if k in _NAME_MAPS and isinstance(v, dict):  # names -> schemas: a name is not a keyword
+                for sub in v.values():
+                    self._index(sub, base)
+            elif isinstance(v, (dict, list)):
                 self._index(v, base)
 
     def resolve(self, ref: str, base: str, pointer: str):
