@@ -163,7 +163,7 @@ def scripted_echo_backend():
         lines = [ln for ln in prompt.strip().splitlines() if ln.strip()]
         return lines[-1].strip() if lines else ""
 
-    return ScriptedBackend(echo)
+    return ScriptedBackend(echo, max_calls=1000)  # a server runs for ever: keep its records bounded
 
 
 def _serve(args) -> int:

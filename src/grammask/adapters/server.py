@@ -54,7 +54,8 @@ Admission: a request holds one of ``max_concurrency`` slots from admission until
 ends; others wait in a FIFO queue of at most ``max_queue``. A client that disconnects (while
 queued, while generating, or mid-stream) cancels its request at once: the engine aborts it and
 its slot goes to the next waiting request. ``/health`` reports the slots and, under ``engine``,
-the engine's admission queue (sequences holding a cache, requests waiting, the most seen waiting).
+the engine's admission queue (sequences holding a cache, requests waiting, the most seen waiting)
+and, under ``grammar_cache``, the compiled-grammar LRU cache (size, max_size, hits, misses).
 
 Engine lifecycle: with ``create_app(engine)`` the app uses that engine and leaves it open
 (``close_engine=True`` to close it at shutdown). Otherwise the app makes the engine in its
@@ -362,6 +363,9 @@ class GrammaskServer:
             "engine_requests": len(eng.active_requests) if eng is not None else 0,
             # the engine's own admission queue (sequences holding a cache, requests waiting for one)
             "engine": eng.scheduler_stats if eng is not None and hasattr(eng, "scheduler_stats") else None,
+            # the compiled-grammar LRU cache (size <= max_size: what bounds per-schema memory)
+            "grammar_cache": (eng.grammar_cache.info if eng is not None and hasattr(eng, "grammar_cache")
+                              else None),
         }
 
     def retry_headers(self, status: int) -> dict[str, str] | None:
