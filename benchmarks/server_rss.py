@@ -29,7 +29,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO_ROOT, command_line, machine_line, md_table, package_versions, update_results_section  # noqa: E402
+from common import (  # noqa: E402
+    REPO_ROOT,
+    command_line,
+    machine_line,
+    md_table,
+    package_versions,
+    update_results_section,
+)
 
 try:  # the openai client's HTTP library: httpx2 (openai >= 3) or httpx
     import httpx2 as httpx
@@ -176,7 +183,8 @@ def main(argv=None) -> int:
             "while it answers a stream of non-streaming json_schema requests, each with a distinct schema "
             "(so every one is a grammar cache miss); see the docstring of `benchmarks/server_rss.py`.",
             f"Command: `{command_line()}`",
-            f"Machine: {machine_line()}.  \nPackages: {package_versions(['grammask', 'uvicorn', 'starlette', 'torch'])}.",
+            f"Machine: {machine_line()}.  \n"
+            f"Packages: {package_versions(['grammask', 'uvicorn', 'starlette', 'torch'])}.",
             table,
             summary,
             NOTE,

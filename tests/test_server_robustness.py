@@ -301,7 +301,6 @@ async def _one_stream(url: str, body: dict):
 
 def test_default_bounds_and_cli_flags():
     from grammask.adapters.server import MAX_BODY_BYTES, MAX_SCHEMA_BYTES, constraint_sizes
-    from grammask.cli import main  # noqa: F401  (the flags parse)
     from grammask.pipeline.protocol import parse_request
 
     assert MAX_BODY_BYTES == 32 * 1024 * 1024 and MAX_SCHEMA_BYTES == 1024 * 1024
