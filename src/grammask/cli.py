@@ -1,8 +1,9 @@
 """``grammask chat [--schema FILE | --grammar FILE | --regex P | --json] "prompt"``: one chat turn on
 the embedded model (or ``--model``), constrained as asked; prints the answer, then a usage line.
 
-``grammask serve [--model M] [--backend transformers|llamacpp|auto] [--host 127.0.0.1] [--port 8000] [--max-concurrency N]``: the
-OpenAI-compatible HTTP server (:mod:`grammask.adapters.server`, needs the ``serve`` extra)."""
+``grammask serve [--model M] [--backend transformers|llamacpp|auto] [--host 127.0.0.1] [--port 8000] [--max-concurrency N]
+[--max-body-bytes B] [--max-schema-bytes B]``: the OpenAI-compatible HTTP server
+(:mod:`grammask.adapters.server`, needs the ``serve`` extra)."""
 from __future__ import annotations
 
 import argparse
@@ -141,6 +142,11 @@ def _add_serve_parser(sub) -> None:
     s.add_argument("--retry-after", type=float, default=1.0, metavar="S", help="Retry-After of a 503, in seconds")
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $GRAMMASK_API_KEY)")
     s.add_argument("--served-model-name", default=None, help="model id reported by the API")
+    s.add_argument("--max-body-bytes", type=int, default=None, metavar="B",
+                   help="largest request body accepted, larger ones get a 413 (default 33554432: 32 MiB)")
+    s.add_argument("--max-schema-bytes", type=int, default=None, metavar="B",
+                   help="largest total size of a request's schemas (canonical JSON text), grammar or regex; "
+                        "larger ones get a 400 before any compile (default 1048576: 1 MiB)")
     s.add_argument("--max-batch", type=int, default=None, help="sequences per engine step (default 32)")
     s.add_argument("--json-whitespace", choices=["flexible", "compact"], default=None,
                    help="whitespace JSON formats allow (default flexible)")
@@ -157,7 +163,7 @@ def scripted_echo_backend():
         lines = [ln for ln in prompt.strip().splitlines() if ln.strip()]
         return lines[-1].strip() if lines else ""
 
-    return ScriptedBackend(echo)
+    return ScriptedBackend(echo, max_calls=1000)  # a server runs for ever: keep its records bounded
 
 
 def _serve(args) -> int:
@@ -186,7 +192,8 @@ def _serve(args) -> int:
         app = create_app(model=model, device=args.device, engine_kwargs=engine_kwargs,
                          max_concurrency=args.max_concurrency, max_queue=args.max_queue, retry_after=args.retry_after,
                          api_key=args.api_key or os.environ.get("GRAMMASK_API_KEY") or None,
-                         served_model_name=args.served_model_name)
+                         served_model_name=args.served_model_name, max_body_bytes=args.max_body_bytes,
+                         max_schema_bytes=args.max_schema_bytes)
     except ValueError as e:
         print(f"grammask: error: {e}", file=sys.stderr)
         return 2

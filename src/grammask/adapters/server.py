@@ -27,17 +27,35 @@ Errors are shaped like OpenAI's: ``{"error": {"message", "type", "param", "code"
   ``unsupported_schema`` / ``invalid_grammar``; the message names the JSON pointer of the bad
   keyword, e.g. ``(at #/properties/age/type)``). Grammars are compiled before the response
   starts, so a request whose format cannot be enforced never gets a 200 with free text;
+- 400 ``invalid_request_error`` / ``schema_too_large`` when the request's constraints (the
+  ``response_format`` schema, grammar or pattern, the tools' parameter schemas, the structural
+  tags' schemas; JSON Schemas measured as canonical JSON text, sorted keys, no spaces, UTF-8)
+  add up to more than ``max_schema_bytes`` (default 1 MiB), checked before anything is compiled;
+- 413 ``body_too_large`` for a body over ``max_body_bytes`` (default 32 MiB; refused from its
+  ``Content-Length`` before reading it, else as soon as it passes the limit);
+- 415 ``unsupported_media_type`` for a body sent with a ``Content-Type`` other than JSON
+  (``application/json`` or ``application/*+json``; none at all is accepted as JSON);
+- 400 ``invalid_json`` for a body that is not JSON (invalid UTF-8, syntax, nesting too deep) or
+  not a JSON object;
 - 401 with a wrong or missing API key (when the server has one), 404/405 for unknown routes;
 - 503 ``server_error`` / ``queue_full`` with ``Retry-After`` when all ``max_concurrency`` slots
   are busy and ``max_queue`` requests already wait for one, or when the engine's own admission
   queue is full (``engine_kwargs`` ``max_running`` / ``max_queue``, ``pipeline/scheduler.py``);
 - 500 ``server_error`` when generation fails (e.g. the model's forward pass raised).
 
+Request bounds (``create_app`` / ``grammask serve`` options): ``max_body_bytes`` (default 32 MiB,
+``--max-body-bytes``) bounds the body (413); ``max_schema_bytes`` (default 1 MiB,
+``--max-schema-bytes``) bounds the total size of a request's constraints (400 ``schema_too_large``,
+``param`` names the largest), checked after the request is parsed and before any grammar is compiled.
+``max_tokens`` past the model's context is not an error: the completion stops at the context
+(``finish_reason`` ``length``).
+
 Admission: a request holds one of ``max_concurrency`` slots from admission until its response
 ends; others wait in a FIFO queue of at most ``max_queue``. A client that disconnects (while
 queued, while generating, or mid-stream) cancels its request at once: the engine aborts it and
 its slot goes to the next waiting request. ``/health`` reports the slots and, under ``engine``,
-the engine's admission queue (sequences holding a cache, requests waiting, the most seen waiting).
+the engine's admission queue (sequences holding a cache, requests waiting, the most seen waiting)
+and, under ``grammar_cache``, the compiled-grammar LRU cache (size, max_size, hits, misses).
 
 Engine lifecycle: with ``create_app(engine)`` the app uses that engine and leaves it open
 (``close_engine=True`` to close it at shutdown). Otherwise the app makes the engine in its
@@ -82,14 +100,18 @@ except ImportError as e:  # pragma: no cover - depends on the install
 logger = logging.getLogger("grammask.server")
 
 DEFAULT_MAX_CONCURRENCY = 32
-#: largest request body accepted (bytes)
+#: largest request body accepted (bytes; ``create_app(max_body_bytes=...)``, ``--max-body-bytes``)
 MAX_BODY_BYTES = 32 * 1024 * 1024
+#: largest total size of a request's constraints: schemas as canonical JSON text, grammar and regex
+#: text (bytes; ``create_app(max_schema_bytes=...)``, ``--max-schema-bytes``)
+MAX_SCHEMA_BYTES = 1024 * 1024
 #: OpenAI request fields that change nothing here: accepted and dropped
 IGNORED_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention",
                             "safety_identifier"})
 
-__all__ = ["DEFAULT_MAX_CONCURRENCY", "GrammaskServer", "QueueFullError", "create_app", "error_body",
-           "error_for_exception", "serve_in_thread"]
+__all__ = ["DEFAULT_MAX_CONCURRENCY", "MAX_BODY_BYTES", "MAX_SCHEMA_BYTES", "GrammaskServer", "QueueFullError",
+           "SchemaTooLargeError", "constraint_sizes", "create_app", "error_body", "error_for_exception",
+           "serve_in_thread"]
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -120,7 +142,8 @@ def error_for_exception(exc: BaseException, req: Any = None) -> tuple[int, dict]
     if isinstance(exc, QueueFullError):
         return 503, error_body(str(exc), "server_error", None, "queue_full")
     if isinstance(exc, InvalidRequestError):
-        return 400, error_body(str(exc), "invalid_request_error", exc.param, "invalid_request")
+        code = "schema_too_large" if isinstance(exc, SchemaTooLargeError) else "invalid_request"
+        return 400, error_body(str(exc), "invalid_request_error", exc.param, code)
     if isinstance(exc, UnsupportedSchemaError):
         return 400, error_body(str(exc), "invalid_request_error", _schema_param(req), "unsupported_schema")
     if isinstance(exc, InvalidSchemaError):
@@ -136,6 +159,54 @@ def error_for_exception(exc: BaseException, req: Any = None) -> tuple[int, dict]
     if isinstance(exc, GenerationError):
         return 500, error_body(str(exc), "server_error", None, "generation_error")
     return 500, error_body(f"internal server error: {type(exc).__name__}: {exc}", "server_error", None, None)
+
+
+# ---------------------------------------------------------------------------------------------- request bounds
+def _canonical_size(schema: Any) -> int:
+    """Bytes of ``schema``'s canonical JSON text (sorted keys, no spaces, UTF-8)."""
+    return len(json.dumps(schema, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          default=str).encode("utf-8"))
+
+
+def constraint_sizes(req: Any) -> list[tuple[str, int]]:
+    """``(request field, bytes)`` of each constraint in a parsed request: the ``response_format``
+    schema (canonical JSON text), grammar or pattern, the structural tags' schemas and the active
+    tools' parameter schemas. Their sum is what ``max_schema_bytes`` bounds."""
+    out: list[tuple[str, int]] = []
+    rf = getattr(req, "response_format", None)
+    if rf is not None:
+        if rf.type == "json_schema":
+            out.append(("response_format.json_schema.schema", _canonical_size(rf.json_schema.schema_)))
+        elif rf.type == "json_object" and rf.schema_ is not None:
+            out.append(("response_format.schema", _canonical_size(rf.schema_)))
+        elif rf.type == "grammar":
+            out.append(("response_format.grammar", len(rf.grammar.encode("utf-8", "surrogatepass"))))
+        elif rf.type == "regex":
+            out.append(("response_format.pattern", len(rf.pattern.encode("utf-8", "surrogatepass"))))
+        elif rf.type == "structural_tag":
+            for i, st in enumerate(rf.structures):
+                out.append((f"response_format.structures.{i}.schema", _canonical_size(st.schema_)
+                            + len((st.begin + st.end).encode("utf-8", "surrogatepass"))))
+    if getattr(req, "tools_active", False):
+        for i, tool in enumerate(req.tools):
+            out.append((f"tools.{i}.function.parameters", _canonical_size(tool.function.parameters)))
+    return out
+
+
+class SchemaTooLargeError(InvalidRequestError):
+    """The request's constraints exceed the server's ``max_schema_bytes`` (a 400 ``schema_too_large``)."""
+
+
+def _check_constraint_size(req: Any, limit: int) -> None:
+    """Raise :class:`InvalidRequestError` when the request's constraints exceed ``limit`` bytes."""
+    sizes = constraint_sizes(req)
+    total = sum(n for _, n in sizes)
+    if total > limit:
+        param = max(sizes, key=lambda x: x[1])[0]
+        what = f"{param} is {total} bytes" if len(sizes) == 1 else \
+            f"the request's schemas/grammars add up to {total} bytes (the largest: {param})"
+        raise SchemaTooLargeError(f"{what} (canonical JSON text for JSON Schemas): over the server's "
+                                  f"max_schema_bytes limit of {limit} bytes", param=param)
 
 
 # ---------------------------------------------------------------------------------------------- admission
@@ -206,7 +277,8 @@ class GrammaskServer:
 
     def __init__(self, engine=None, *, model=None, device: str = "auto", engine_kwargs: dict | None = None,
                  max_concurrency: int | None = None, max_queue: int | None = None, retry_after: float = 1.0,
-                 api_key: str | None = None, close_engine: bool | None = None, served_model_name: str | None = None):
+                 api_key: str | None = None, close_engine: bool | None = None, served_model_name: str | None = None,
+                 max_body_bytes: int | None = None, max_schema_bytes: int | None = None):
         self._engine = engine
         self.model = model
         self.device = device
@@ -219,6 +291,10 @@ class GrammaskServer:
         if queue < 0:
             raise ValueError("max_queue must be >= 0")
         self.slots = _Slots(limit, queue)
+        self.max_body_bytes = MAX_BODY_BYTES if max_body_bytes is None else int(max_body_bytes)
+        self.max_schema_bytes = MAX_SCHEMA_BYTES if max_schema_bytes is None else int(max_schema_bytes)
+        if self.max_body_bytes < 1 or self.max_schema_bytes < 1:
+            raise ValueError("max_body_bytes and max_schema_bytes must be at least 1")
         self.retry_after = float(retry_after)
         self.api_key = api_key
         self.served_model_name = served_model_name
@@ -276,6 +352,8 @@ class GrammaskServer:
             "waiting": self.slots.waiting,
             "max_concurrency": self.slots.limit,
             "max_queue": self.slots.max_queue,
+            "max_body_bytes": self.max_body_bytes,
+            "max_schema_bytes": self.max_schema_bytes,
             "admitted": self.slots.admitted,
             "rejected": self.slots.rejected,
             "max_waiting_seen": self.slots.max_waiting_seen,
@@ -285,6 +363,9 @@ class GrammaskServer:
             "engine_requests": len(eng.active_requests) if eng is not None else 0,
             # the engine's own admission queue (sequences holding a cache, requests waiting for one)
             "engine": eng.scheduler_stats if eng is not None and hasattr(eng, "scheduler_stats") else None,
+            # the compiled-grammar LRU cache (size <= max_size: what bounds per-schema memory)
+            "grammar_cache": (eng.grammar_cache.info if eng is not None and hasattr(eng, "grammar_cache")
+                              else None),
         }
 
     def retry_headers(self, status: int) -> dict[str, str] | None:
@@ -309,7 +390,7 @@ class _Disconnected(Exception):
     pass
 
 
-async def _read_body(receive) -> bytes:
+async def _read_body(receive, limit: int) -> bytes:
     chunks, size = [], 0
     while True:
         msg = await receive()
@@ -319,8 +400,8 @@ async def _read_body(receive) -> bytes:
             continue
         data = msg.get("body", b"")
         size += len(data)
-        if size > MAX_BODY_BYTES:
-            raise InvalidRequestError(f"the request body exceeds {MAX_BODY_BYTES} bytes")
+        if size > limit:
+            raise InvalidRequestError(f"the request body exceeds the server's max_body_bytes ({limit} bytes)")
         chunks.append(data)
         if not msg.get("more_body", False):
             return b"".join(chunks)
@@ -382,8 +463,20 @@ class _ChatCompletionsEndpoint:
             await _send_json(send, 401, error_body("invalid or missing API key", "invalid_request_error", None,
                                                    "invalid_api_key"))
             return
+        ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if ctype and ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
+            await _send_json(send, 415, error_body(
+                f"unsupported Content-Type {ctype!r}: send the request as JSON (Content-Type: application/json)",
+                "invalid_request_error", None, "unsupported_media_type"))
+            return
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > server.max_body_bytes:  # refused without reading it
+            await _send_json(send, 413, error_body(
+                f"the request body ({int(declared)} bytes) exceeds the server's max_body_bytes "
+                f"({server.max_body_bytes} bytes)", "invalid_request_error", None, "body_too_large"))
+            return
         try:
-            body = await _read_body(receive)
+            body = await _read_body(receive, server.max_body_bytes)
         except _Disconnected:
             server.disconnected += 1
             return
@@ -392,9 +485,10 @@ class _ChatCompletionsEndpoint:
             return
         try:
             data = json.loads(body)
-        except ValueError as e:
-            await _send_json(send, 400, error_body(f"the request body is not valid JSON: {e}", "invalid_request_error",
-                                                   None, "invalid_json"))
+        except (ValueError, RecursionError) as e:  # (UnicodeDecodeError is a ValueError)
+            why = "it is nested too deeply" if isinstance(e, RecursionError) else str(e)
+            await _send_json(send, 400, error_body(f"the request body is not valid JSON: {why}",
+                                                   "invalid_request_error", None, "invalid_json"))
             return
         if not isinstance(data, dict):
             await _send_json(send, 400, error_body("the request body must be a JSON object", "invalid_request_error",
@@ -406,9 +500,14 @@ class _ChatCompletionsEndpoint:
 
         try:
             req = parse_request(data)  # cheap checks before queueing
+            _check_constraint_size(req, server.max_schema_bytes)  # before anything is compiled
         except InvalidRequestError as e:
             status, err = error_for_exception(e)
             await _send_json(send, status, err)
+            return
+        except RecursionError:
+            await _send_json(send, 400, error_body("the request is nested too deeply", "invalid_request_error",
+                                                   None, "invalid_request"))
             return
         if req.request_id is None:  # known before the engine answers: a disconnect can interrupt it
             req = req.model_copy(update={"request_id": "chatcmpl-" + uuid.uuid4().hex})
@@ -523,7 +622,8 @@ def _error_json(status: int, message: str, type_: str, code: str | None, headers
 def create_app(engine=None, *, model=None, device: str = "auto", engine_kwargs: dict | None = None,
                max_concurrency: int | None = None, max_queue: int | None = None, retry_after: float = 1.0,
                api_key: str | None = None, close_engine: bool | None = None,
-               served_model_name: str | None = None) -> Starlette:
+               served_model_name: str | None = None, max_body_bytes: int | None = None,
+               max_schema_bytes: int | None = None) -> Starlette:
     """The ASGI app (Starlette) serving ``engine``, or an engine made at startup from ``model``
     (None: the embedded model; a path; a ready :class:`~grammask.pipeline.backend.ModelBackend`)
     with ``device`` and ``engine_kwargs`` (``AsyncEngine`` options).
@@ -532,7 +632,10 @@ def create_app(engine=None, *, model=None, device: str = "auto", engine_kwargs: 
     ``2 * max_concurrency``): requests waiting for a slot before 503s; ``retry_after``: seconds
     in the 503's ``Retry-After``; ``api_key``: require ``Authorization: Bearer <key>``;
     ``close_engine``: close the engine at shutdown (default: only an engine the app made);
-    ``served_model_name``: the model id reported (default: the engine's)."""
+    ``served_model_name``: the model id reported (default: the engine's); ``max_body_bytes``
+    (default 32 MiB): larger bodies get a 413; ``max_schema_bytes`` (default 1 MiB): requests
+    whose schemas (canonical JSON text), grammar or pattern add up to more get a 400
+    ``schema_too_large`` before anything is compiled."""
     from ..pipeline import AsyncEngine
 
     if engine is not None and not isinstance(engine, AsyncEngine):
@@ -540,7 +643,8 @@ def create_app(engine=None, *, model=None, device: str = "auto", engine_kwargs: 
                         f"not {type(engine).__name__}")
     server = GrammaskServer(engine, model=model, device=device, engine_kwargs=engine_kwargs,
                             max_concurrency=max_concurrency, max_queue=max_queue, retry_after=retry_after,
-                            api_key=api_key, close_engine=close_engine, served_model_name=served_model_name)
+                            api_key=api_key, close_engine=close_engine, served_model_name=served_model_name,
+                            max_body_bytes=max_body_bytes, max_schema_bytes=max_schema_bytes)
 
     def denied(request: Request) -> JSONResponse | None:
         if _check_auth(server, request.headers):

@@ -19,13 +19,18 @@ from .cfg import Grammar
 from .compiled import CompiledGrammar
 from .regexset import ExprSet
 
-#: a compiler starts a new shared ExprSet once the current one holds this many expressions
-EXPRS_RESET_NODES = 1_000_000
+#: a compiler starts a new shared ExprSet once the current one holds this many expressions. The
+#: ExprSet and the caches that live on it (derivatives, lexer moves, slice proofs) grow with every
+#: distinct grammar compiled (~40 expressions, ~7 MiB per 100 distinct JSON Schemas in
+#: benchmarks/server_rss.py): this bound, not the grammar cache, is what keeps a server that sees a
+#: new schema per request flat (was 1,000,000: RSS grew ~28 MiB per 100 requests). A reset costs
+#: colder compiles until the common lexemes are rebuilt (2,000 distinct schemas: 27 -> 35 s).
+EXPRS_RESET_NODES = 20_000
 
 
 class GrammarCompiler:
     def __init__(self, tokenizer_info, *, cache_size: int = 128, max_threads: int = 8,
-                 cache_enabled: bool = True):
+                 cache_enabled: bool = True, max_shared_exprs: int = EXPRS_RESET_NODES):
         self.tokenizer_info = tokenizer_info
         self.cache_size = cache_size
         self.cache_enabled = cache_enabled and cache_size > 0
@@ -33,14 +38,17 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._local = threading.local()   # .depth: inside get_or_compile / uncached() in this thread
         self._exprs = ExprSet()
+        self.max_shared_exprs = int(max_shared_exprs)
+        self.exprs_resets = 0
 
     def _shared_exprs(self) -> ExprSet:
         """The ExprSet every grammar of this compiler is built in: derivatives, lexer transitions
         and slice checks of common lexemes (strings, numbers, formats) are computed once. Writers
         hold its lock. Replaced by a fresh one when it grows too big (old grammars keep theirs)."""
         with self._lock:
-            if len(self._exprs) > EXPRS_RESET_NODES:
+            if len(self._exprs) > self.max_shared_exprs:
                 self._exprs = ExprSet()
+                self.exprs_resets += 1
             return self._exprs
 
     # ------------------------------------------------------------------ cache

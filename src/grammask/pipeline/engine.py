@@ -51,7 +51,14 @@ import anyio.lowlevel
 import numpy as np
 import torch
 
-from ..errors import EngineClosedError, GenerationError, GrammarError, GrammaskError, InvalidRequestError
+from ..errors import (
+    EngineClosedError,
+    GenerationError,
+    GrammarError,
+    GrammarTooComplexError,
+    GrammaskError,
+    InvalidRequestError,
+)
 from ..grammar.bitmask import apply_token_bitmask_inplace, bitmask_words
 from ..grammar.compiler import GrammarCompiler
 from ..grammar.matcher import GrammarMatcher
@@ -316,7 +323,11 @@ class AsyncEngine:
             raise EngineClosedError("the engine is closed")
         self._cleanup()  # e.g. streams dropped without aclose()
         req = parse_request(request, **kwargs)
-        spec = grammar_spec(req, whitespace=self.json_whitespace)
+        try:
+            spec = grammar_spec(req, whitespace=self.json_whitespace)
+        except RecursionError:  # a schema nested deeper than its checks (or canonical form) can recurse
+            raise GrammarTooComplexError("the response format's schema is nested too deeply to check and "
+                                         "compile") from None
         r = self._new_request(req, spec)
         self.admission.submit(r, len(r.choices))  # QueueFullError past max_queue: nothing to undo
         self._requests[r.id] = r

@@ -76,6 +76,8 @@ def _schema_value(v: Any, field: str) -> Any:
             v = json.loads(v)
         except ValueError as e:
             raise ValueError(f"{field} is not valid JSON: {e}") from None
+        except RecursionError:
+            raise ValueError(f"{field} is nested too deeply") from None
     if not isinstance(v, (dict, bool)):
         raise ValueError(f"{field} must be a JSON Schema object (dict or JSON text), got {type(v).__name__}")
     return v

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -82,7 +83,8 @@ class ScriptedBackend:
                  max_context: int = 2048, forward_delay: float = 0.0, prefill_delay: float = 0.0,
                  on_prefill: Callable[[], None] | None = None,
                  on_forward: Callable[[bool], None] | None = None, fallback: str = ".",
-                 extra_words: Sequence[str] = (), max_sequences: int | None = None):
+                 extra_words: Sequence[str] = (), max_sequences: int | None = None,
+                 max_calls: int | None = None, max_prompts: int = 4096):
         self.responder = responder if callable(responder) else (lambda _p, r=responder: r)
         self.tokenizer_info = _tokenizer_info(tuple(extra_words))
         self.n_text = len(self.tokenizer_info.token_bytes)
@@ -94,13 +96,17 @@ class ScriptedBackend:
         self.on_prefill = on_prefill
         self.on_forward = on_forward
         self.fallback_id = self._token_id(fallback.encode())
-        self.calls: list[ForwardCall] = []
+        #: every forward pass (only the last ``max_calls`` when given: a long-running server)
+        self.calls: list[ForwardCall] | deque[ForwardCall] = [] if max_calls is None else deque(maxlen=max_calls)
         self.live: set[int] = set()
         #: like llama.cpp's slots: new_sequence past this many live sequences fails (None: no limit)
         self.max_sequences = max_sequences
         self._lock = threading.Lock()
         self._busy = False
-        self._prompts: set[tuple[int, ...]] = set()  # chat prompts made here: where a prompt ends
+        # chat prompts made here (where a prompt ends): the last max_prompts of them, so a server
+        # answering distinct prompts for ever keeps a bounded set
+        self._prompts: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self.max_prompts = max(1, int(max_prompts))
         self._by_first: dict[int, list[tuple[bytes, int]]] = {}
         for i, b in enumerate(self.tokenizer_info.token_bytes):
             if b:
@@ -134,7 +140,12 @@ class ScriptedBackend:
             ids += self.encode((m.get("content") or "") + "\n")
         if add_generation_prompt:
             ids.append(3)
-        self._prompts.add(tuple(ids))
+        key = tuple(ids)
+        with self._lock:
+            self._prompts[key] = None
+            self._prompts.move_to_end(key)
+            while len(self._prompts) > self.max_prompts:
+                self._prompts.popitem(last=False)
         return ids
 
     # ------------------------------------------------------------------ model
