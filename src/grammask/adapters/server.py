@@ -33,8 +33,8 @@ Errors are shaped like OpenAI's: ``{"error": {"message", "type", "param", "code"
   add up to more than ``max_schema_bytes`` (default 1 MiB), checked before anything is compiled;
 - 413 ``body_too_large`` for a body over ``max_body_bytes`` (default 32 MiB; refused from its
   ``Content-Length`` before reading it, else as soon as it passes the limit);
-- 415 ``unsupported_media_type`` for a body sent with a ``Content-Type`` other than JSON
-  (``application/json`` or ``application/*+json``; none at all is accepted as JSON);
+- 415 ``unsupported_media_type`` for a ``multipart/*`` body (a form upload); a body of any other
+  ``Content-Type`` (or none) is parsed as JSON, as ``curl -d`` sends JSON labelled form-urlencoded;
 - 400 ``invalid_json`` for a body that is not JSON (invalid UTF-8, syntax, nesting too deep) or
   not a JSON object;
 - 401 with a wrong or missing API key (when the server has one), 404/405 for unknown routes;
@@ -464,8 +464,8 @@ class _ChatCompletionsEndpoint:
                                                    "invalid_api_key"))
             return
         ctype = headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        if ctype and ctype != "application/json" and not (ctype.startswith("application/") and ctype.endswith("+json")):
-            await _send_json(send, 415, error_body(
+        if ctype.startswith("multipart/"):  # a form upload is never a JSON body; any other type is parsed
+            await _send_json(send, 415, error_body(   # as JSON (curl -d sends form-urlencoded)
                 f"unsupported Content-Type {ctype!r}: send the request as JSON (Content-Type: application/json)",
                 "invalid_request_error", None, "unsupported_media_type"))
             return
