@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from common import (  # noqa: E402
     package_versions,
     update_results_section,
 )
+from serve_load import free_port, stop_server  # noqa: E402
 
 try:  # the openai client's HTTP library: httpx2 (openai >= 3) or httpx
     import httpx2 as httpx
@@ -75,12 +75,6 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024.0
     raise RuntimeError("no VmRSS")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def run(url: str, pid: int, n: int, concurrency: int, every: int, max_tokens: int) -> tuple[list, dict]:
@@ -159,11 +153,7 @@ def main(argv=None) -> int:
         rows, counts = asyncio.run(run(url, proc.pid, args.requests, args.concurrency, args.every, args.max_tokens))
         wall = time.perf_counter() - t0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:  # pragma: no cover
-            proc.kill()
+        stop_server(proc)
 
     by_n = {k: r for k, r, _, _ in rows}
     base_n = 500 if 500 in by_n else rows[min(len(rows) - 1, 1)][0]

@@ -10,7 +10,7 @@ from enum import Enum, auto
 
 import numpy as np
 import pytest
-from _paths import llama3_tokenizer_path
+from _support import llama3_tokenizer_path
 
 torch = pytest.importorskip("torch")
 

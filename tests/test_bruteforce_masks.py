@@ -15,7 +15,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
-from _paths import llama3_tokenizer_path
+from _support import llama3_tokenizer_path
 
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
 from grammask.grammar.builtin import json_grammar

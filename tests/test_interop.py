@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _paths import llama3_tokenizer_path
+from _support import llama3_tokenizer_path
 
 xgr = pytest.importorskip("xgrammar")
 torch = pytest.importorskip("torch")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import regex
 
-from _paths import llama3_tokenizer_path
+from _support import llama3_tokenizer_path
 
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
 

@@ -18,15 +18,10 @@ import time
 from typing import Literal
 
 import pytest
+from _support import server_deps, user, wait_until
 
 openai = pytest.importorskip("openai")
-pytest.importorskip("uvicorn")
-pytest.importorskip("starlette")
-jsonschema = pytest.importorskip("jsonschema")
-try:  # the openai client's HTTP library: httpx2 (openai >= 3) or httpx
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover - depends on the install
-    httpx = pytest.importorskip("httpx")
+jsonschema, httpx = server_deps()
 
 from pydantic import BaseModel, Field  # noqa: E402
 from starlette.applications import Starlette  # noqa: E402
@@ -46,19 +41,6 @@ def scripted(**kw) -> ScriptedBackend:
 
 def client(url: str, **kw) -> "openai.OpenAI":
     return openai.OpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120, **kw)
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
-
-def wait_until(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},

