@@ -304,3 +304,21 @@ def test_heavy_grammars_never_hang(kind, src):
     assert out.stdout.startswith(("COMPILED", "TOO_COMPLEX")), out.stdout
     elapsed = float(out.stdout.split()[1])
     assert elapsed < HEAVY_BUDGET_S, f"{kind} {src!r}: {out.stdout.strip()} (over {HEAVY_BUDGET_S} s)"
+
+
+def test_input_nested_past_recursion_is_a_typed_error(comp):
+    """Inputs deeper than any front end's recursion give GrammarTooComplexError, not RecursionError
+    (and the compiler keeps working afterwards)."""
+    deep_schema: dict = {}
+    for _ in range(900):
+        deep_schema = {"type": "array", "items": deep_schema}
+    cases = [
+        lambda: comp.compile_regex("(" * 3000 + "a" + ")" * 3000),
+        lambda: comp.compile_regex("(?:" * 3000 + "a" + ")" * 3000),
+        lambda: comp.compile_json_schema(deep_schema),
+    ]
+    for make in cases:
+        with pytest.raises(GrammarTooComplexError, match="nested too deeply"):
+            make()
+    m = GrammarMatcher(comp.compile_regex("(a|b)+"))
+    assert m.accept_string("abba") and m.can_terminate()

@@ -9,6 +9,7 @@ own key with :meth:`GrammarCompiler.get_or_compile`; compiles run inside it are 
 """
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 from typing import Callable
@@ -17,6 +18,7 @@ from .builtin import DEFAULT_MAX_WHITESPACE, json_grammar
 from .cache import GrammarCache
 from .cfg import Grammar
 from .compiled import CompiledGrammar
+from ..errors import GrammarTooComplexError
 from .regexset import ExprSet
 
 #: a compiler starts a new shared ExprSet once the current one holds this many expressions. The
@@ -26,6 +28,25 @@ from .regexset import ExprSet
 #: new schema per request flat (was 1,000,000: RSS grew ~28 MiB per 100 requests). A reset costs
 #: colder compiles until the common lexemes are rebuilt (2,000 distinct schemas: 27 -> 35 s).
 EXPRS_RESET_NODES = 20_000
+
+
+
+def _depth_bounded(what: str):
+    """A front end whose input nests deeper than Python's recursion (a regex of thousands of
+    groups, a schema nested hundreds of levels where a check recurses before the front end's own
+    depth bound) raises :class:`GrammarTooComplexError`, never a bare ``RecursionError``."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def inner(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except RecursionError:
+                raise GrammarTooComplexError(f"the {what} is nested too deeply to compile") from None
+
+        return inner
+
+    return wrap
 
 
 class GrammarCompiler:
@@ -93,6 +114,7 @@ class GrammarCompiler:
         return {"size": len(self.cache), "hits": self.hits, "misses": self.misses}
 
     # ------------------------------------------------------------------ front ends
+    @_depth_bounded("grammar")
     def compile_grammar(self, ebnf: str | Grammar, root: str = "root") -> CompiledGrammar:
         """An EBNF/GBNF grammar text (or a :class:`Grammar` built in code)."""
         if isinstance(ebnf, Grammar):
@@ -108,6 +130,7 @@ class GrammarCompiler:
 
         return self._cached(("grammar", ebnf, root), build)
 
+    @_depth_bounded("regex")
     def compile_regex(self, pattern: str) -> CompiledGrammar:
         """A regex (ECMA-262 syntax) matched against the whole output."""
 
@@ -137,6 +160,7 @@ class GrammarCompiler:
 
         return self._cached(("json", whitespace, max_whitespace, object_only), build)
 
+    @_depth_bounded("JSON Schema")
     def compile_json_schema(self, schema, *, whitespace: str = "flexible",
                             max_whitespace: int = DEFAULT_MAX_WHITESPACE, strict: bool = False,
                             lenient: bool = False, indent: int | None = None,
@@ -173,6 +197,7 @@ class GrammarCompiler:
 
         return self._cached(("json_schema", text, opts), build)
 
+    @_depth_bounded("structural tag")
     def compile_structural_tag(self, spec, *, strict: bool = False, whitespace: str = "flexible") -> CompiledGrammar:
         """Free text interleaved with tagged JSON bodies (a :class:`~.structural_tag.TagSpec`:
         structures ``(begin, schema, end)``, triggers, mode); see :mod:`.structural_tag`.
