@@ -154,7 +154,6 @@ class SlotKVPool:
         )
         return cache, pos.to(device), allowed.unsqueeze(1).to(device)
 
-
     def packed_step(self, slots: Sequence[int], starts: Sequence[int], counts: Sequence[int], device: Any,
                     per_row: bool = False):
         """One PACKED call: every row's new tokens side by side in a single query row ``[1, T]``

@@ -44,11 +44,11 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import GrammaskError
 from ..grammar.vocab import as_id_list
-from .batch_cache import SlotKVPool
 from . import packed_attention
+from .batch_cache import SlotKVPool
+from .models import EMBEDDED_MODEL_NAME, ModelNotFoundError, cache_root, embedded_model_path
 from .prefix_cache import DEFAULT_PREFIX_CACHE_BYTES, PrefixCache
 from .row_padding import RowPadding
-from .models import EMBEDDED_MODEL_NAME, ModelNotFoundError, cache_root, embedded_model_path
 
 logger = logging.getLogger(__name__)
 
@@ -439,18 +439,16 @@ class TransformersBackend:
             self._logits_kw = {"num_logits_to_keep": 1}
         else:
             self._logits_kw = {}
-        fwd_params = inspect.signature(model.forward).parameters
         #: the model's keyword for the cache: ``cache`` since transformers 5.x, ``past_key_values`` before
-        self._cache_kw = "cache" if "cache" in fwd_params else "past_key_values"
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
         #: slot KV cache shared by all sequences (one row each); forward/release hold the lock
         self._pool = SlotKVPool()
-        #: most keys (all rows' caches end to end) a packed call may attend over (PACK_ATTENTION_SHARE)
-        self._pack_max_keys = _pack_max_keys(model)
         #: packed calls attend row by row over each row's own slot (packed_attention.py; this switches
         #: an SDPA model to grammask's attention function, which is SDPA itself outside packed calls)
         self._row_attention = packed_attention.install(model)
-        if self._row_attention:  # no cross-row keys: packing is bounded by PREFILL_CHUNK alone
-            self._pack_max_keys = None
+        #: most keys (all rows' caches end to end) a packed call may attend over (PACK_ATTENTION_SHARE);
+        #: None with attention per row (no cross-row keys: packing is bounded by PREFILL_CHUNK alone)
+        self._pack_max_keys = None if self._row_attention else _pack_max_keys(model)
         #: model calls by kind (``padded``, ``packed``) and throw-away rows run (``pad_rows``)
         self.call_stats = {"padded": 0, "packed": 0, "pad_rows": 0}
         #: keys/values of recent prompts, reused by prompts sharing their prefix (``.prefix_cache``)
@@ -632,6 +630,14 @@ class TransformersBackend:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def warmup(self) -> None:
+        """One-time measurements before serving (the engine's warm-up calls it): the CPU batch-size
+        calibration of :mod:`.row_padding` (0.2-1.4 s here), which would otherwise stall the first
+        batched decode step."""
+        if self.row_padding.enabled and self.row_padding.table is None:
+            with self._lock:
+                self.row_padding.calibrate(self.model)
+
     # ------------------------------------------------------------------ sequences
     def new_sequence(self) -> TransformersSequence:
         """A fresh per-request state (no slot until its first forward, position 0)."""
@@ -745,7 +751,6 @@ class TransformersBackend:
         """One model call appending ``ids[i]`` to ``seqs[i]`` (all non-empty); sets ``last_logits``.
         Left-padded rows ``[B, max len]`` (decode steps, prompt groups), or ``packed``: all tokens in
         one row ``[1, sum len]`` (:meth:`.batch_cache.SlotKVPool.packed_step`)."""
-        torch = _torch()
         try:
             for seq in seqs:
                 if seq.slot is None:
@@ -772,8 +777,7 @@ class TransformersBackend:
         cache, position_ids, allowed, last = self._pool.packed_step(
             slots, starts, counts, self.torch_device, per_row=self._row_attention)
         input_ids = torch.tensor([[t for row in ids for t in row]], dtype=torch.long, device=self.torch_device)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.torch_device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = self._additive_mask(allowed)
         keep = {k: last for k in self._logits_kw}  # the rows' last tokens only (a 1-D index tensor)
         layout = (packed_attention.packed_layout([(sl, st + n, n) for sl, st, n in zip(slots, starts, counts)],
                                                  self.torch_device)
@@ -794,11 +798,17 @@ class TransformersBackend:
         pad_id = ids[0][0]
         input_ids = torch.tensor([[pad_id] * (Q - len(t)) + t for t in ids] + [[pad_id] * Q] * n_pad,
                                  dtype=torch.long, device=self.torch_device)
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.torch_device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        mask = self._additive_mask(allowed)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          **{self._cache_kw: cache}, use_cache=True, **self._logits_kw)
         return out.logits[: len(seqs), -1].to(torch.float32)
+
+    def _additive_mask(self, allowed):
+        """The model's 4-D attention mask from a boolean "may attend" one: 0 where allowed, the
+        dtype's minimum elsewhere."""
+        torch = _torch()
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.torch_device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
 
     def release(self, seq: TransformersSequence) -> None:
         """Free the sequence's slot in the cache (idempotent)."""

@@ -83,7 +83,7 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -474,7 +474,8 @@ class GrammaskBatch:
         step (V2: the slots of the batch, already mapped to logits rows by the caller)."""
         constrained = self.compute(rows_tokens)
         if rows is not None:
-            constrained = [r for r in constrained if r in set(rows)]
+            present = set(rows)
+            constrained = [r for r in constrained if r in present]
         constrained = [r for r in constrained if r < logits.shape[0]]
         if not constrained:
             return logits

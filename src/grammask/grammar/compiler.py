@@ -14,11 +14,11 @@ import threading
 from contextlib import contextmanager
 from typing import Callable
 
+from ..errors import GrammarTooComplexError
 from .builtin import DEFAULT_MAX_WHITESPACE, json_grammar
 from .cache import GrammarCache
 from .cfg import Grammar
 from .compiled import CompiledGrammar
-from ..errors import GrammarTooComplexError
 from .regexset import ExprSet
 
 #: a compiler starts a new shared ExprSet once the current one holds this many expressions. The
@@ -28,7 +28,6 @@ from .regexset import ExprSet
 #: new schema per request flat (was 1,000,000: RSS grew ~28 MiB per 100 requests). A reset costs
 #: colder compiles until the common lexemes are rebuilt (2,000 distinct schemas: 27 -> 35 s).
 EXPRS_RESET_NODES = 20_000
-
 
 
 def _depth_bounded(what: str):

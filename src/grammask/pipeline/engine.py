@@ -215,13 +215,16 @@ class AsyncEngine:
         return engine
 
     def _warmup(self) -> None:
-        """Build the tokenizer's trie and slice forest and JIT-load the kernels (once)."""
+        """Build the tokenizer's trie and slice forest, JIT-load the kernels and warm the backend (once)."""
         with self.compiler.uncached():  # not a request: leaves the cache and its statistics alone
             cg = self.compiler.compile_builtin_json_grammar(object_only=True)
         m = GrammarMatcher(cg, stop_token_ids=self._matcher_stops)
         bm = np.zeros((1, bitmask_words(self.tokenizer_info.vocab_size)), np.int32)
         m.fill_next_token_bitmask(bm, 0)
         token_index(self.tokenizer_info)
+        warm = getattr(self.backend, "warmup", None)  # the backend's own one-time measurements
+        if callable(warm):
+            warm()
 
     async def aclose(self) -> None:
         """Abort every request, wait for the running step, release everything."""
