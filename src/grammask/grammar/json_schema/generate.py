@@ -21,6 +21,19 @@ from .state import CompileState, Stage
 __all__ = ["GrammarGenerator"]
 
 
+
+def _member_counter(mx: int | None, cap: int):
+    """``(cnt, can_add)`` over an object's member count ``c``: without ``maxProperties`` counts past
+    ``cap`` (the ``minProperties`` still to reach) are one state; ``can_add`` says another member fits."""
+
+    def cnt(c: int) -> int:
+        return min(c, cap) if mx is None else c
+
+    def can_add(c: int) -> bool:
+        return mx is None or c + 1 <= mx
+
+    return cnt, can_add
+
 class GrammarGenerator(Stage):
     """Writes the grammar of IR nodes into the shared :class:`~grammask.grammar.cfg.Grammar`. Its
     own state: the nonterminal of each (node, leading whitespace, depth), token regex caches and
@@ -499,11 +512,7 @@ class GrammarGenerator(Stage):
         for i in range(n - 1, -1, -1):
             req_from[i] = req_from[i + 1] or mem[i][1]
 
-        def cnt(c: int) -> int:
-            return min(c, cap) if mx is None else c
-
-        def can_add(c: int) -> bool:
-            return mx is None or c + 1 <= mx
+        cnt, can_add = _member_counter(mx, cap)
 
         Rm: dict = {}
         Dm: dict = {}
@@ -577,7 +586,6 @@ class GrammarGenerator(Stage):
         finally:
             R = D = Fd = None  # break the closures' reference cycle
 
-
     def gen_unordered(self, mem, add_alts, mn, mx, cap, full, comma, lb, rb, rb_empty) -> list:
         """Members in any order: the state is the set of declared properties already present
         (2^n states, so only for small n)."""
@@ -585,11 +593,7 @@ class GrammarGenerator(Stage):
         n = len(mem)
         req_mask = sum(1 << j for j in range(n) if mem[j][1])
 
-        def cnt(c: int) -> int:
-            return min(c, cap) if mx is None else c
-
-        def can_add(c: int) -> bool:
-            return mx is None or c + 1 <= mx
+        cnt, can_add = _member_counter(mx, cap)
 
         memo: dict = {}
 
