@@ -1,13 +1,14 @@
 """A compiled grammar: Earley tables + lazy lexer, bound to one tokenizer."""
 from __future__ import annotations
 
+import threading
 import time
 
 from ..errors import GrammarError
 from .cfg import FlatGrammar, Grammar, lower
 from .earley import (GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT, MissingRequests, ParseStack,
                      grammar_tables, initial_row, new_missing)
-from .lexer import Lexer
+from .lexer import MAX_LEXER_STATES, Lexer
 from .mask import FastCall
 
 #: calls of one kernel (with Python's work between them) before :meth:`CompiledGrammar.run` gives up
@@ -17,10 +18,13 @@ _initial_row = FastCall(initial_row)
 
 class CompiledGrammar:
     """What :class:`~.matcher.GrammarMatcher` runs: immutable tables plus a lexer DFA that grows
-    lazily (shared, thread-safe) as matchers meet new lexer states."""
+    lazily (shared, thread-safe) as matchers meet new lexer states. ``lexer`` is the newest
+    generation of that DFA: past ``max_lexer_states`` states a fresh one replaces it (see
+    :mod:`.lexer`), so the memory a grammar holds stays bounded however long it is used."""
 
     def __init__(self, grammar: Grammar, tokenizer_info, *, root: str | int = "root",
-                 check_lexemes: bool = True, kind: str = "grammar", source: str = ""):
+                 check_lexemes: bool = True, kind: str = "grammar", source: str = "",
+                 max_lexer_states: int = MAX_LEXER_STATES):
         t0 = time.perf_counter()
         self.tokenizer_info = tokenizer_info
         self.kind = kind
@@ -29,16 +33,19 @@ class CompiledGrammar:
         self.flat: FlatGrammar = lower(grammar, root, check_lexemes=check_lexemes)
         f = self.flat
         self.G = grammar_tables(f)
-        self.lexer = Lexer(self.exprs, f.lexemes)
+        self.lexer = Lexer(self.exprs, f.lexemes, max_lexer_states)
+        self._swap_lock = threading.Lock()
+        #: how many times the lexer was replaced by a successor generation
+        self.lexer_generations = 0
         # the initial row is the same for every matcher: build it once and warm the lexer up
         stack = ParseStack(f)
         self.run(_initial_row, stack, self.new_missing(f.n_lexemes), (), (),
                  "internal error: initial parser row did not settle")
         self._template = stack   # every matcher starts from a copy (never written to)
         self.initial_state = int(stack.arrays.row_ls[0])
+        self.lexer.initial_state = self.initial_state
         self.lexer.warm_up(self.initial_state, budget=64)
         self._forest = None
-        self._slicer = None
         self.compile_time_s = time.perf_counter() - t0
 
     @property
@@ -59,20 +66,41 @@ class CompiledGrammar:
 
     @property
     def slicer(self):
-        if self._slicer is None:
+        """The slice checker of the current lexer generation."""
+        return self.slicer_of(self.lexer)
+
+    def slicer_of(self, lexer: Lexer):
+        """The slice checker of ``lexer`` (one per generation: its proofs are per state)."""
+        sl = lexer.__dict__.get("slicer")
+        if sl is None:
             from .slicer import SliceChecker
 
-            self._slicer = SliceChecker(self.lexer, self.forest.patterns)
-        return self._slicer
+            with self._swap_lock:
+                sl = lexer.__dict__.get("slicer")
+                if sl is None:
+                    sl = lexer.slicer = SliceChecker(lexer, self.forest.patterns)
+        return sl
+
+    def current_lexer(self) -> Lexer:
+        """The newest lexer generation, first replacing a full one by its successor."""
+        lx = self.lexer
+        if lx.full:
+            with self._swap_lock:
+                lx = self.lexer
+                if lx.full:
+                    lx = self.lexer = lx.successor()
+                    self.lexer_generations += 1
+        return lx
 
     # ------------------------------------------------------------------ kernel driver
     new_missing = staticmethod(new_missing)
 
     def run(self, kernel, stack: ParseStack, missing: MissingRequests, head: tuple, tail: tuple,
-            error: str = "internal error: a mask kernel did not settle"):
+            error: str = "internal error: a mask kernel did not settle", lexer: Lexer | None = None):
         """Call ``kernel(*head, G, L, P, M, *tail)`` until it settles; return what it returned.
 
-        ``G`` are this grammar's tables, ``L`` the lexer's current :class:`~.lexer.LexerTables`,
+        ``G`` are this grammar's tables, ``L`` the current :class:`~.lexer.LexerTables` of
+        ``lexer`` (the generation the caller's lexer states belong to; default the newest),
         ``P`` the arrays of ``stack`` and ``M`` the request buffers ``missing`` (one per matcher).
         The kernel returns a status, alone or first in a tuple:
 
@@ -99,20 +127,22 @@ class CompiledGrammar:
         ``error`` (an internal error: the lexer's state bound raises long before).
         """
         G = self.G
-        lexer = self.lexer
+        if lexer is None:
+            lexer = self.lexer
         for _ in range(MAX_RESOLVE_ROUNDS):
             r = kernel(*head, G, lexer.tables, stack.arrays, missing, *tail)
             st = r[0] if isinstance(r, tuple) else r
             if st == OK or st == REJECT:
                 return r
-            self.resolve(st, stack, missing)
+            self.resolve(st, stack, missing, lexer)
         raise GrammarError(error)
 
-    def resolve(self, status: int, stack: ParseStack, M: MissingRequests) -> None:
-        """Act on a kernel's request: build missing lexer states/start sets, or grow arrays."""
+    def resolve(self, status: int, stack: ParseStack, M: MissingRequests, lexer: Lexer | None = None) -> None:
+        """Act on a kernel's request: build missing lexer states/start sets (in ``lexer``,
+        default the newest generation), or grow arrays."""
         if status == MISSING:
             cnt = M.counts
-            lx = self.lexer
+            lx = self.lexer if lexer is None else lexer
             for s in set(M.states[: cnt[0]].tolist()):
                 if not lx.expanded[s]:
                     lx.expand(s, budget=0)

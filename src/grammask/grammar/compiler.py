@@ -19,6 +19,7 @@ from .builtin import DEFAULT_MAX_WHITESPACE, json_grammar
 from .cache import GrammarCache
 from .cfg import Grammar
 from .compiled import CompiledGrammar
+from .lexer import MAX_LEXER_STATES
 from .regexset import ExprSet
 
 #: a compiler starts a new shared ExprSet once the current one holds this many expressions. The
@@ -50,7 +51,8 @@ def _depth_bounded(what: str):
 
 class GrammarCompiler:
     def __init__(self, tokenizer_info, *, cache_size: int = 128, max_threads: int = 8,
-                 cache_enabled: bool = True, max_shared_exprs: int = EXPRS_RESET_NODES):
+                 cache_enabled: bool = True, max_shared_exprs: int = EXPRS_RESET_NODES,
+                 max_lexer_states: int = MAX_LEXER_STATES):
         self.tokenizer_info = tokenizer_info
         self.cache_size = cache_size
         self.cache_enabled = cache_enabled and cache_size > 0
@@ -59,6 +61,8 @@ class GrammarCompiler:
         self._local = threading.local()   # .depth: inside get_or_compile / uncached() in this thread
         self._exprs = ExprSet()
         self.max_shared_exprs = int(max_shared_exprs)
+        #: states of one lexer generation of each compiled grammar (see grammar/lexer.py)
+        self.max_lexer_states = int(max_lexer_states)
         self.exprs_resets = 0
 
     def _shared_exprs(self) -> ExprSet:
@@ -117,7 +121,7 @@ class GrammarCompiler:
     def compile_grammar(self, ebnf: str | Grammar, root: str = "root") -> CompiledGrammar:
         """An EBNF/GBNF grammar text (or a :class:`Grammar` built in code)."""
         if isinstance(ebnf, Grammar):
-            return CompiledGrammar(ebnf, self.tokenizer_info, root=root, kind="grammar")
+            return CompiledGrammar(ebnf, self.tokenizer_info, max_lexer_states=self.max_lexer_states, root=root, kind="grammar")
 
         def build():
             from .ebnf import parse_ebnf
@@ -125,7 +129,7 @@ class GrammarCompiler:
             ex = self._shared_exprs()
             with ex.lock:
                 g = parse_ebnf(ebnf, root=root, exprs=ex)
-                return CompiledGrammar(g, self.tokenizer_info, root=root, kind="grammar", source=ebnf)
+                return CompiledGrammar(g, self.tokenizer_info, max_lexer_states=self.max_lexer_states, root=root, kind="grammar", source=ebnf)
 
         return self._cached(("grammar", ebnf, root), build)
 
@@ -141,7 +145,7 @@ class GrammarCompiler:
                 g = Grammar(ex)
                 e = parse_regex(pattern, ex)
                 g.rule("root", [[~e]])
-                return CompiledGrammar(g, self.tokenizer_info, kind="regex", source=pattern)
+                return CompiledGrammar(g, self.tokenizer_info, max_lexer_states=self.max_lexer_states, kind="regex", source=pattern)
 
         return self._cached(("regex", pattern), build)
 
@@ -154,7 +158,7 @@ class GrammarCompiler:
             ex = self._shared_exprs()
             with ex.lock:
                 g = json_grammar(ex, whitespace=whitespace, max_whitespace=max_whitespace, object_only=object_only)
-                return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False,
+                return CompiledGrammar(g, self.tokenizer_info, max_lexer_states=self.max_lexer_states, check_lexemes=False,
                                        kind="json_object" if object_only else "json")
 
         return self._cached(("json", whitespace, max_whitespace, object_only), build)
@@ -191,7 +195,7 @@ class GrammarCompiler:
                 g = json_schema_grammar(schema_obj, whitespace=whitespace, max_whitespace=max_whitespace,
                                         strict=strict, lenient=lenient, indent=indent,
                                         unordered_properties=unordered, exprs=ex)
-                return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False, kind="json_schema",
+                return CompiledGrammar(g, self.tokenizer_info, max_lexer_states=self.max_lexer_states, check_lexemes=False, kind="json_schema",
                                        source=text if text is not None else (lambda: canonical_schema_text(schema_obj)))
 
         return self._cached(("json_schema", text, opts), build)
@@ -207,7 +211,7 @@ class GrammarCompiler:
 
         def build():
             g = structural_tag_grammar(spec, strict=strict, whitespace=whitespace)
-            return CompiledGrammar(g, self.tokenizer_info, check_lexemes=False, kind="structural_tag",
+            return CompiledGrammar(g, self.tokenizer_info, max_lexer_states=self.max_lexer_states, check_lexemes=False, kind="structural_tag",
                                    source=canonical)
 
         return self._cached(("structural_tag", canonical, whitespace, strict), build)

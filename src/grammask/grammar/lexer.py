@@ -18,9 +18,22 @@ each time an array is reallocated. A kernel that meets ``UNKNOWN`` or a start se
 records it in a "missing" buffer and treats it as dead; Python then expands the states
 (:meth:`Lexer.expand`), registers the start sets (:meth:`Lexer.start_state`) and runs the kernel
 again (:meth:`~.compiled.CompiledGrammar.run`). After warm-up nothing is missing.
+
+Generations (bounded memory). A lexer only grows, so a grammar whose automaton is huge (a string
+of ``maxLength: 5000`` is ~10 states per character; with a ``pattern`` many more) would grow
+without end while documents are generated. Once a lexer holds ``max_states`` states (or its
+expressions grew by :data:`MAX_GENERATION_NODES` nodes) it is marked :attr:`Lexer.full`; the next
+matcher call makes the compiled grammar start a :meth:`successor`: an empty lexer over a private
+:class:`ExprSet` holding only the lexemes. A matcher moves its states to the newest generation
+(:meth:`translate`: a state is its members, which are re-interned there) at the start of its next
+call; a kernel already running keeps the generation it started with, which stays consistent (ids
+are never reused) and is freed with the last matcher that holds it. The states a document still
+needs are rebuilt on demand, as in RE2's DFA cache. Only a single call that needs more than
+``hard_max_states`` states at once fails (:class:`GrammarTooComplexError`).
 """
 from __future__ import annotations
 
+import weakref
 from collections import namedtuple
 
 import numpy as np
@@ -35,6 +48,13 @@ ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
 #: state moves kept per ExprSet (shared by its grammars) before the cache starts over
 MAX_CACHED_MOVES = 50_000
+#: states of one lexer generation (see the module docstring); ``trans`` is 1 KiB per state
+MAX_LEXER_STATES = 50_000
+#: expression nodes a generation may add to its ExprSet (derivatives) before it is full
+MAX_GENERATION_NODES = 400_000
+#: a generation still in use by a running call may outgrow ``max_states`` up to this factor
+#: (and at least by 20,000 states)
+HARD_STATES_FACTOR = 8
 
 #: the lexer arrays a kernel reads (see the module docstring); one consistent snapshot
 LexerTables = namedtuple("LexerTables", "trans state_acc acc_off acc_lex st_keys st_vals")
@@ -118,10 +138,22 @@ def lookup_start(st_keys: np.ndarray, st_vals: np.ndarray, key: np.int64) -> np.
 class Lexer:
     """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
 
-    def __init__(self, exprs: ExprSet, lexemes: list[int], max_states: int = 50_000):
+    def __init__(self, exprs: ExprSet, lexemes: list[int], max_states: int = MAX_LEXER_STATES,
+                 *, generation: int = 0):
         self.exprs = exprs
         self.lexemes = list(lexemes)
-        self.max_states = max_states
+        self.max_states = max(1, int(max_states))
+        self.hard_max_states = max(HARD_STATES_FACTOR * self.max_states, self.max_states + 20_000)
+        #: 0 for the lexer built at compile time, +1 for each successor
+        self.generation = generation
+        #: set once this generation holds ``max_states`` states (or grew its ExprSet by
+        #: MAX_GENERATION_NODES): the next matcher call moves on to a successor
+        self.full = False
+        #: the start state of the grammar's initial row (set by the compiled grammar)
+        self.initial_state = -1
+        self._base_nodes = len(exprs)
+        # per source ExprSet: its expression ids -> ours (states translated from older generations)
+        self._imports: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.lock = exprs.lock  # one writer at a time over the (possibly shared) ExprSet
         self._moves_cache = exprs.__dict__.setdefault("_lexer_moves", {})
         self._states: list[tuple[tuple[int, int], ...]] = []
@@ -158,8 +190,12 @@ class Lexer:
         if s is not None:
             return s
         s = len(self._states)
-        if s >= self.max_states:
-            raise GrammarTooComplexError(f"lexer automaton exceeds {self.max_states} states")
+        if s + 1 >= self.max_states:
+            self.full = True
+            if s >= self.hard_max_states:
+                raise GrammarTooComplexError(
+                    f"lexer automaton exceeds {self.hard_max_states} states in one generation "
+                    f"(one call needed more than {self.hard_max_states - self.max_states} new states)")
         if s >= self.state_acc.shape[0]:
             self._grow_states(2 * self.state_acc.shape[0])
         self._states.append(members)
@@ -245,7 +281,36 @@ class Lexer:
             ids[k] = t
         self.trans[s * 256:(s + 1) * 256] = np.array(ids, dtype=np.int32)[cls]
         self.expanded[s] = True
+        if len(self.exprs) - self._base_nodes > MAX_GENERATION_NODES:
+            self.full = True
         return new
+
+    # ---------------------------------------------------------------- generations
+    def successor(self) -> "Lexer":
+        """An empty lexer for the same lexemes over a fresh private ExprSet (see the module
+        docstring), with this one's initial state carried over."""
+        src = self.exprs
+        ex = ExprSet(max_nodes=src.max_nodes, max_alive_states=src.max_alive_states)
+        memo: dict[int, int] = {}
+        with self.lock:
+            lexemes = [ex.import_expr(src, e, memo) for e in self.lexemes]
+        new = Lexer(ex, lexemes, self.max_states, generation=self.generation + 1)
+        new._imports[src] = memo
+        if self.initial_state >= 0:
+            new.initial_state = new.translate(self, self.initial_state)
+        return new
+
+    def translate(self, old: "Lexer", s: int) -> int:
+        """State ``s`` of lexer ``old`` (an earlier generation of the same grammar) as a state
+        here: the same lexemes at equal expressions (imported), interned, not expanded."""
+        members = old._states[s]
+        with self.lock:
+            memo = self._imports.get(old.exprs)
+            if memo is None:
+                memo = self._imports[old.exprs] = {}
+            imp = self.exprs.import_expr
+            m = tuple(sorted([(lx, imp(old.exprs, e, memo)) for lx, e in members]))
+            return self._intern(m)
 
     # ---------------------------------------------------------------- start states
     def start_state(self, allowed: list[int] | tuple[int, ...]) -> int:

@@ -56,7 +56,9 @@ class GrammarMatcher:
     # ------------------------------------------------------------------ state
     def reset(self) -> None:
         self._stack = self.compiled.new_stack()
-        self._s = int(self._stack.arrays.row_ls[0])
+        #: the lexer generation that ``_s`` and the history's states belong to (see _sync)
+        self._lexer = self.compiled.current_lexer()
+        self._s = self._lexer.initial_state
         self._h = 1
         self._lex_len = 0
         self._terminated = False
@@ -79,9 +81,33 @@ class GrammarMatcher:
         return self._terminated
 
     # ------------------------------------------------------------------ kernel driver
+    def _sync(self) -> None:
+        """Move this matcher's lexer states to the compiled grammar's newest lexer generation
+        when there is a newer one or ours is full (see :mod:`.lexer`); called first by every
+        public method that reads the lexer. The parse stack holds no lexer ids that are read
+        again (rows at and above the current height are rebuilt by each call), so the current
+        state and the rollback history are all there is to move."""
+        lx = self._lexer
+        if lx is self.compiled.lexer and not lx.full:
+            return
+        new = self.compiled.current_lexer()
+        if new is lx:
+            return
+        seen: dict[int, int] = {}
+
+        def move(s: int) -> int:
+            t = seen.get(s)
+            if t is None:
+                t = seen[s] = new.translate(lx, s)
+            return t
+
+        self._s = move(self._s)
+        self._history = deque([(move(s), h, n, t) for s, h, n, t in self._history], maxlen=self._history.maxlen)
+        self._lexer = new
+
     def _call(self, fn, *head, tail=()):
         """Run kernel ``fn(*head, G, L, P, M, *tail)`` until it settles (:meth:`CompiledGrammar.run`)."""
-        return self.compiled.run(fn, self._stack, self._M, head, tail)
+        return self.compiled.run(fn, self._stack, self._M, head, tail, lexer=self._lexer)
 
     def _can_end_now(self) -> bool:
         _, e = self._call(_can_end, self._s, self._h, self._lex_len)
@@ -101,6 +127,7 @@ class GrammarMatcher:
         """Advance by one token. Returns False (state untouched) when the grammar rejects it."""
         if self._terminated:
             return False
+        self._sync()
         token_id = int(token_id)
         if token_id in self._stop_set:
             if not self._can_end_now():
@@ -127,6 +154,7 @@ class GrammarMatcher:
             return False
         if isinstance(data, str):
             data = data.encode("utf-8")
+        self._sync()
         saved = (self._s, self._h, self._lex_len, self._terminated)
         if data and not self._advance(data):
             return False
@@ -160,11 +188,12 @@ class GrammarMatcher:
             words[:] = 0
             self._set_stop(words)
             return
+        self._sync()
         comp = self.compiled
-        skip, _combo = comp.slicer.skip_flags(self._s)
+        skip, _combo = comp.slicer_of(self._lexer).skip_flags(self._s)
         comp.run(_fill_mask, self._stack, self._M,
                  (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (self._walk, words[:n_words]),
-                 _FILL_ERROR)
+                 _FILL_ERROR, self._lexer)
 
     def _set_stop(self, words: np.ndarray) -> None:
         for t in self.stop_token_ids:
@@ -180,6 +209,7 @@ class GrammarMatcher:
         """Bytes the grammar forces from here (possibly ending inside a UTF-8 character)."""
         if self._terminated:
             return b""
+        self._sync()
         buf = np.zeros(max_bytes, np.uint8)
         st, n = self._call(jump_forward, self._s, self._h, self._lex_len, tail=(buf, self._ok))
         return bytes(buf[:n])
@@ -191,7 +221,10 @@ class GrammarMatcher:
 
     def can_terminate(self) -> bool:
         """True when a stop token would be accepted now."""
-        return not self._terminated and self._can_end_now()
+        if self._terminated:
+            return False
+        self._sync()
+        return self._can_end_now()
 
     @property
     def num_accepted(self) -> int:
