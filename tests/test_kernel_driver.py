@@ -117,3 +117,28 @@ def test_lexer_tables_follow_reallocation(bl):
         assert _published(lx)
         s += 1
     assert lx.n_states > 64   # past the first reallocation of trans and state_acc
+
+
+def test_long_token_runs_are_built_in_one_round(monkeypatch):
+    # tokens of 1..64 spaces: without chains (MissingRequests.chains) the trie walk meets one new
+    # lexer state per depth and each needs its own round; with them, the subtree is built at once
+    toks = [b""] + [b" " * k for k in range(1, 65)] + [b"x"]
+    info = TokenizerInfo(toks, stop_token_ids=[0])
+    cg = GrammarCompiler(info, cache_enabled=False).compile_grammar('root ::= [ ]{0,200} "x"')
+    rounds = []
+    real = cg.resolve
+
+    def counting(status, *a, **k):
+        rounds.append(status)
+        return real(status, *a, **k)
+
+    monkeypatch.setattr(cg, "resolve", counting)
+    m = GrammarMatcher(cg)
+    allowed = set(np.flatnonzero(np.unpackbits(m.get_next_token_bitmask().view(np.uint8), bitorder="little")).tolist())
+    assert allowed == set(range(1, 66))
+    assert len(rounds) <= 3, rounds
+    assert m.accept_token(64) and m.accept_token(64) and m.accept_token(64)
+    rounds.clear()
+    allowed = set(np.flatnonzero(np.unpackbits(m.get_next_token_bitmask().view(np.uint8), bitorder="little")).tolist())
+    assert allowed == set(range(1, 9)) | {65}    # 192 spaces so far: at most 8 more
+    assert len(rounds) <= 3, rounds

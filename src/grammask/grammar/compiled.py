@@ -149,12 +149,42 @@ class CompiledGrammar:
             off = M.start_off
             for i in range(cnt[1]):
                 lx.start_state(M.start_lex[off[i]:off[i + 1]].tolist())
+            if cnt[3]:
+                self._expand_chains(lx, M.chains[: 2 * cnt[3]].tolist())
             cnt[:] = 0
             off[0] = 0
         elif status in (GROW_ITEMS, GROW_ROWS, GROW_HASH):
             stack.grow(status)
         else:  # pragma: no cover - kernels return nothing else
             raise GrammarError(f"internal error: unexpected kernel status {status}")
+
+    def _expand_chains(self, lx: Lexer, pairs: list[int]) -> None:
+        """Expand the lexer states a trie walk will meet in the small subtrees it skipped
+        (``[node, state]`` pairs, ``MissingRequests.chains``): plain lexer moves only, following
+        the forest's trie bytes (a lexeme's end is left to the kernel's next round). Without
+        this a run of one byte (Llama-3 has tokens of 16+ spaces or dashes) costs a round each."""
+        F = self.forest.arrays
+        node_byte, node_depth, node_end = F.node_byte, F.node_depth, F.node_end
+        for k in range(0, len(pairs), 2):
+            i, s = pairs[k], pairs[k + 1]
+            if not lx.expanded[s]:
+                lx.expand(s, budget=0)
+            t = int(lx.trans[s * 256 + int(node_byte[i])])
+            if t < 0:
+                continue
+            d0 = int(node_depth[i])
+            at = {d0: t}
+            j, end = i + 1, int(node_end[i])
+            while j < end:
+                p = at[int(node_depth[j]) - 1]
+                if not lx.expanded[p]:
+                    lx.expand(p, budget=0)
+                x = int(lx.trans[p * 256 + int(node_byte[j])])
+                if x < 0:
+                    j = int(node_end[j])
+                    continue
+                at[int(node_depth[j])] = x
+                j += 1
 
     def new_stack(self) -> ParseStack:
         return self._template.copy()

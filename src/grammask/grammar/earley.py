@@ -49,15 +49,21 @@ ParseArrays = namedtuple("ParseArrays", "it_pos it_org row_beg row_ls row_key ro
 
 #: what a kernel could not find (see :meth:`~.compiled.CompiledGrammar.run`): ``states``
 #: (lexer states to expand), ``start_lex``/``start_off`` (the lexeme lists of start sets to
-#: register, list ``i`` is ``start_lex[start_off[i]:start_off[i + 1]]``) and
-#: ``counts = [n states, n start sets, n lexemes in start_lex]``
-MissingRequests = namedtuple("MissingRequests", "states start_lex start_off counts")
+#: register, list ``i`` is ``start_lex[start_off[i]:start_off[i + 1]]``),
+#: ``chains`` (``[node, state]`` pairs: a trie subtree the walk skipped because ``state`` was not
+#: expanded; Python expands the states of the whole subtree at once, see
+#: :meth:`~.compiled.CompiledGrammar.resolve`) and
+#: ``counts = [n states, n start sets, n lexemes in start_lex, n chains]``
+MissingRequests = namedtuple("MissingRequests", "states start_lex start_off counts chains")
+
+#: ``(trie node, lexer state)`` pairs a trie walk may record per round in ``MissingRequests.chains``
+MAX_CHAINS = 64
 
 
 def new_missing(n_lex: int) -> MissingRequests:
     """Empty request buffers for a grammar of ``n_lex`` lexemes (one per matcher)."""
     return MissingRequests(np.zeros(4096, np.int32), np.zeros(max(16, 4 * n_lex), np.int32),
-                           np.zeros(65, np.int32), np.zeros(3, np.int32))
+                           np.zeros(65, np.int32), np.zeros(4, np.int32), np.zeros(2 * MAX_CHAINS, np.int32))
 
 
 def grammar_tables(f) -> GrammarTables:

@@ -23,6 +23,10 @@ from numba import njit
 
 from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start
 
+#: a trie subtree of at most this many nodes skipped for a missing lexer state is recorded as a
+#: chain (``MissingRequests.chains``): Python builds the states of all of it in the same round
+CHAIN_NODES = 512
+
 
 class FastCall:
     """Call a Numba kernel through the entry point of its one compiled signature, skipping the
@@ -59,6 +63,16 @@ def _record_state(M, s):
     if cnt[0] < buf.shape[0]:
         buf[cnt[0]] = s
         cnt[0] += 1
+
+
+@njit(nogil=True, cache=True)
+def _record_chain(M, node, s):
+    cnt = M.counts
+    k = cnt[3]
+    if 2 * k + 1 < M.chains.shape[0]:
+        M.chains[2 * k] = node
+        M.chains[2 * k + 1] = s
+        cnt[3] = k + 1
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -175,6 +189,10 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
                     continue
                 if st == MISSING:
                     incomplete = True
+                    # a small subtree below a state not expanded yet (long tokens: runs of
+                    # spaces or dashes) is expanded whole by Python, not one level per round
+                    if i + 1 < node_end[i] <= i + CHAIN_NODES and trans[s * 256 + b] == -2:
+                        _record_chain(M, i, s)
                     i = node_end[i]
                     continue
                 return st, nf
