@@ -1,28 +1,22 @@
-"""Session-wide test setup: grammask's cache folder is a temporary folder of the test session.
+"""Session-wide test setup: the disk cache of tokenizer artefacts is off unless a test turns it on.
 
-``GRAMMASK_CACHE_DIR`` is pointed at a fresh temporary folder before any test module is imported
-(so also for the subprocesses the tests start, which inherit the environment) and removed at the
-end: the tokenizer artefacts (:mod:`grammask.grammar.tokenizer_cache`) and the backends' converted
-checkpoints are never written into, nor read from, the user's own cache. ``GRAMMASK_DISK_CACHE``
-is cleared so the default (cache on) is what runs; tests that need another folder or setting
-monkeypatch them.
+``GRAMMASK_DISK_CACHE=0`` is set before any test module is imported (so also for the subprocesses
+the tests start, which inherit the environment): the token tries and slice forests the tests build
+(:mod:`grammask.grammar.tokenizer_cache`) are never written into, nor read from, the user's cache,
+so a test never depends on what an earlier run left there. tests/test_tokenizer_cache.py turns the
+cache on, in temporary folders. The backends' converted checkpoints keep their usual cache folder
+(converting the embedded GGUF once per machine, not once per test session).
 """
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 
 _SAVED: dict[str, str | None] = {}
-_DIR: list[str] = []
 
 
 def pytest_configure(config):
-    for name in ("GRAMMASK_CACHE_DIR", "GRAMMASK_DISK_CACHE"):
-        _SAVED[name] = os.environ.pop(name, None)
-    d = tempfile.mkdtemp(prefix="grammask-test-cache-")
-    _DIR.append(d)
-    os.environ["GRAMMASK_CACHE_DIR"] = d
+    _SAVED["GRAMMASK_DISK_CACHE"] = os.environ.get("GRAMMASK_DISK_CACHE")
+    os.environ["GRAMMASK_DISK_CACHE"] = "0"
 
 
 def pytest_unconfigure(config):
@@ -31,6 +25,3 @@ def pytest_unconfigure(config):
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
-    for d in _DIR:
-        shutil.rmtree(d, ignore_errors=True)
-    _DIR.clear()
