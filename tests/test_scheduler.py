@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from types import SimpleNamespace
 
 import anyio
@@ -338,8 +339,9 @@ async def test_cancel_mid_batch_frees_slot_and_cache():
                     # the batch is full (4 running): a fifth request waits for a slot
                     assert eng.scheduler_stats["running_seqs"] == 4
                     tg.start_soon(_late, eng, out)
-                    await anyio.sleep(0)
-                    assert eng.scheduler_stats["waiting"] == 1
+                    with anyio.fail_after(10):   # parsed in a worker thread, then queued
+                        while eng.scheduler_stats["waiting"] != 1:
+                            await anyio.sleep(0.001)
                     await victim.aclose()
                     break
         # released once the step running now ends (never mid-step), and its slot goes to the late one
@@ -487,4 +489,53 @@ async def test_chunked_prefill_on_the_embedded_model_equals_solo():
     jsonschema.validate(json.loads(out[1]), schema)
     forwards = [t for t in eng.trace if t["kind"] == "forward"]
     assert max(t["n_tokens"] for t in forwards) <= 16 and max(t["n_seqs"] for t in forwards) >= 2
+    await eng.aclose()
+
+
+async def test_requests_are_checked_off_the_event_loop_and_queued_in_arrival_order():
+    # checking a request's schema can take seconds (a 1 MiB schema): it runs in a worker thread
+    # while the loop keeps serving, and requests are still queued in the order they arrived
+    eng, _ = await make(keyed({"slow": "one", "fast": "two"}))
+    ticks = 0
+    seen = {}
+    order = []
+    real_parse, real_submit = eng._parse, eng.admission.submit
+
+    def parse(request, kwargs):
+        key = (request or kwargs)["messages"][0]["content"]
+        if key == msgs("slow")[0]["content"]:
+            before = ticks
+            time.sleep(0.2)     # stands for a long schema check
+            seen["ticks during the slow check"] = ticks - before
+        return real_parse(request, kwargs)
+
+    def submit(r, n):
+        order.append(r.req.messages[0].content.split("\n")[-1])
+        return real_submit(r, n)
+
+    eng._parse = parse
+    eng.admission.submit = submit
+    out = {}
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            await anyio.sleep(0.001)
+            ticks += 1
+
+    async def ask(key):
+        out[key] = content(await eng.chat.completions.create(messages=msgs(key), temperature=0))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        tg.start_soon(ask, "slow")
+        await anyio.sleep(0)
+        tg.start_soon(ask, "fast")      # arrives second, parses at once, waits for its turn
+        with anyio.fail_after(10):
+            while len(out) < 2:
+                await anyio.sleep(0.001)
+        tg.cancel_scope.cancel()
+    assert out == {"slow": "one", "fast": "two"}
+    assert seen["ticks during the slow check"] > 0, "the event loop was blocked by the check"
+    assert order == ["slow", "fast"]
     await eng.aclose()

@@ -190,6 +190,7 @@ class AsyncEngine:
         self._stepping = False
         self._closed = False
         self._changed = anyio.Event()
+        self._arrival_tail: anyio.Event | None = None   # the latest request being parsed (_arrive)
         self._step_no = 0   # decode steps taken (trace entries of one step share it)
         # masks are computed while the forward runs, unless the backend's forward keeps every core busy
         # (llama.cpp with a thread per core: a third busy thread stalls its threads at every barrier,
@@ -325,17 +326,7 @@ class AsyncEngine:
         if self._closed:
             raise EngineClosedError("the engine is closed")
         self._cleanup()  # e.g. streams dropped without aclose()
-        req = parse_request(request, **kwargs)
-        try:
-            spec = grammar_spec(req, whitespace=self.json_whitespace)
-        except RecursionError:  # a schema nested deeper than its checks (or canonical form) can recurse
-            raise GrammarTooComplexError("the response format's schema is nested too deeply to check and "
-                                         "compile") from None
-        r = self._new_request(req, spec)
-        self.admission.submit(r, len(r.choices))  # QueueFullError past max_queue: nothing to undo
-        self._requests[r.id] = r
-        self._admit_waiting()
-        self._notify()
+        r, req, spec = await self._arrive(request, kwargs)
         try:
             if spec is not None:
                 await self._admit(r)
@@ -349,6 +340,37 @@ class AsyncEngine:
             if not r.done:
                 self._abort(r)
             raise
+
+    def _parse(self, request, kwargs) -> tuple[ChatCompletionRequest, GrammarSpec | None]:
+        """The request validated and the grammar it asks for (in a worker thread: see _arrive)."""
+        req = parse_request(request, **kwargs)
+        try:
+            return req, grammar_spec(req, whitespace=self.json_whitespace)
+        except RecursionError:  # a schema nested deeper than its checks (or canonical form) can recurse
+            raise GrammarTooComplexError("the response format's schema is nested too deeply to check and "
+                                         "compile") from None
+
+    async def _arrive(self, request, kwargs):
+        """Parse and check a request off the event loop (checking a 1 MiB schema against the JSON
+        Schema meta-schema and writing its canonical form takes seconds; the loop keeps serving
+        the other requests meanwhile), then queue it in arrival order: each arrival waits for
+        the one before it to be queued (or to fail) before its own turn."""
+        prev, mine = self._arrival_tail, anyio.Event()
+        self._arrival_tail = mine
+        try:
+            req, spec = await anyio.to_thread.run_sync(self._parse, request, kwargs)
+            if prev is not None:
+                await prev.wait()
+            if self._closed:
+                raise EngineClosedError("the engine is closed")
+            r = self._new_request(req, spec)
+            self.admission.submit(r, len(r.choices))  # QueueFullError past max_queue: nothing to undo
+            self._requests[r.id] = r
+            self._admit_waiting()
+            self._notify()
+            return r, req, spec
+        finally:
+            mine.set()
 
     def _new_request(self, req: ChatCompletionRequest, spec: GrammarSpec | None) -> _Request:
         rid = req.request_id or "chatcmpl-" + uuid.uuid4().hex
