@@ -4,12 +4,14 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
+
 from ..errors import GrammarError
 from .cfg import FlatGrammar, Grammar, lower
 from .earley import (GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT, MissingRequests, ParseStack,
                      grammar_tables, initial_row, new_missing)
 from .lexer import MAX_LEXER_STATES, Lexer
-from .mask import FastCall
+from .mask import FastCall, chain_frontier
 
 #: calls of one kernel (with Python's work between them) before :meth:`CompiledGrammar.run` gives up
 MAX_RESOLVE_ROUNDS = 100_000
@@ -150,7 +152,7 @@ class CompiledGrammar:
             for i in range(cnt[1]):
                 lx.start_state(M.start_lex[off[i]:off[i + 1]].tolist())
             if cnt[3]:
-                self._expand_chains(lx, M.chains[: 2 * cnt[3]].tolist())
+                self._expand_chains(lx, M)
             cnt[:] = 0
             off[0] = 0
         elif status in (GROW_ITEMS, GROW_ROWS, GROW_HASH):
@@ -158,33 +160,24 @@ class CompiledGrammar:
         else:  # pragma: no cover - kernels return nothing else
             raise GrammarError(f"internal error: unexpected kernel status {status}")
 
-    def _expand_chains(self, lx: Lexer, pairs: list[int]) -> None:
+    def _expand_chains(self, lx: Lexer, M: MissingRequests) -> None:
         """Expand the lexer states a trie walk will meet in the small subtrees it skipped
-        (``[node, state]`` pairs, ``MissingRequests.chains``): plain lexer moves only, following
-        the forest's trie bytes (a lexeme's end is left to the kernel's next round). Without
-        this a run of one byte (Llama-3 has tokens of 16+ spaces or dashes) costs a round each."""
+        (``M.chains``: ``[node, state]`` pairs): plain lexer moves only, following the forest's
+        trie bytes (a lexeme's end is left to the kernel's next round). A compiled walk of those
+        subtrees (:func:`~.mask.chain_frontier`) names the states still to build; repeated until
+        none is left. Without this a run of one byte (Llama-3 has tokens of 16+ spaces or
+        dashes) costs a whole trie walk per byte."""
         F = self.forest.arrays
-        node_byte, node_depth, node_end = F.node_byte, F.node_depth, F.node_end
-        for k in range(0, len(pairs), 2):
-            i, s = pairs[k], pairs[k + 1]
-            if not lx.expanded[s]:
-                lx.expand(s, budget=0)
-            t = int(lx.trans[s * 256 + int(node_byte[i])])
-            if t < 0:
-                continue
-            d0 = int(node_depth[i])
-            at = {d0: t}
-            j, end = i + 1, int(node_end[i])
-            while j < end:
-                p = at[int(node_depth[j]) - 1]
-                if not lx.expanded[p]:
-                    lx.expand(p, budget=0)
-                x = int(lx.trans[p * 256 + int(node_byte[j])])
-                if x < 0:
-                    j = int(node_end[j])
-                    continue
-                at[int(node_depth[j])] = x
-                j += 1
+        at = np.zeros(int(self.forest.trie.max_depth) + 2, np.int32)
+        out = np.zeros(256, np.int32)
+        pairs, n_pairs = M.chains, int(M.counts[3])
+        for _ in range(10_000):
+            n = chain_frontier(F, lx.tables.trans, pairs, n_pairs, at, out)
+            if not n:
+                return
+            for s in set(out[:n].tolist()):
+                if not lx.expanded[s]:
+                    lx.expand(s, budget=0)
 
     def new_stack(self) -> ParseStack:
         return self._template.copy()

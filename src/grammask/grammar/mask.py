@@ -75,6 +75,49 @@ def _record_chain(M, node, s):
         cnt[3] = k + 1
 
 
+@njit(nogil=True, cache=True)
+def chain_frontier(F, trans, pairs, n_pairs, at, out):
+    """For the recorded chains ``pairs[2k], pairs[2k + 1]`` (trie node, lexer state): walk the
+    node's subtree by plain lexer moves (``trans``) and write to ``out`` the states met that are
+    not expanded yet (their subtrees are not walked); returns how many (at most ``out``'s size).
+    ``at`` is scratch (one state per trie depth). Python expands them and calls again until none
+    is left (:meth:`~.compiled.CompiledGrammar.resolve`)."""
+    node_byte = F.node_byte
+    node_depth = F.node_depth
+    node_end = F.node_end
+    n = 0
+    for k in range(n_pairs):
+        i = pairs[2 * k]
+        s = pairs[2 * k + 1]
+        t = trans[s * 256 + node_byte[i]]
+        if t == -2:
+            if n < out.shape[0]:
+                out[n] = s
+                n += 1
+            continue
+        if t < 0:
+            continue
+        at[node_depth[i]] = t
+        j = i + 1
+        end = node_end[i]
+        while j < end:
+            d = node_depth[j]
+            p = at[d - 1]
+            x = trans[p * 256 + node_byte[j]]
+            if x == -2:
+                if n < out.shape[0]:
+                    out[n] = p
+                    n += 1
+                j = node_end[j]
+                continue
+            if x < 0:
+                j = node_end[j]
+                continue
+            at[d] = x
+            j += 1
+    return n
+
+
 @njit(nogil=True, cache=True, inline="always")
 def step_slow(b, s, h, cache_top, G, L, P, M):
     """The byte ``b`` in lexer state ``s`` over ``h`` rows when the table says it is not a plain
