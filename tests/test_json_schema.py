@@ -626,6 +626,30 @@ def test_format_regex_subset_is_valid_python_regex():
                 re.compile(json.loads(s))
 
 
+def test_format_regex_counted_ranges():
+    # {n,m} is a valid quantifier iff n <= m: accepted for every pair the subset can spell (one or
+    # two digits each, or m longer than n), refused otherwise; accepted ones compile with `re`
+    ex = ExprSet()
+    e = format_expr("regex", ex)
+    spelled = 0
+    for n in list(range(0, 120)) + [150, 999, 1000]:
+        for m in list(range(0, 120)) + [150, 200, 999, 1000, 9999]:
+            src = f"^[a-z_]{{{n},{m}}}$"
+            ok = ex.matches(e, src)
+            if n > m:
+                assert not ok, src
+            elif len(str(n)) < len(str(m)) or len(str(m)) <= 2:
+                assert ok, src
+                re.compile(src)
+                spelled += 1
+            else:                           # equal lengths of 3-4 digits: refused (conservative)
+                assert not ok, src
+    assert spelled > 7000
+    for bad in ["a{01,2}", "a{1,02}", "a{,3}", "a{2,1}?", "a{12345,99999}"]:
+        assert not ex.matches(e, bad), bad
+    assert ex.matches(e, "a{3,16}?") and ex.matches(e, "(ab){0,10}|c{5}")
+
+
 def test_format_hostname_and_uri():
     ex = ExprSet()
     h = format_expr("hostname", ex)

@@ -104,18 +104,38 @@ _TEMPLATE_LIT = r"(?:[!#$&()*+,\-./0-9:;=?@A-Z\[\]_a-z~]|%[0-9A-Fa-f]{2}|[^\x00-
 _URI_TEMPLATE = rf"(?:{_TEMPLATE_LIT}|\{{[+#./;?&]?{_VARSPEC}(?:,{_VARSPEC})*\}})*"
 
 
+def _counted_range() -> str:
+    """``{n,m}`` with ``n <= m`` (both without leading zeros, at most 4 digits): ``m`` longer
+    than ``n``, or both of one or two digits with ``n <= m`` (equal lengths of 3-4 digits would
+    need the regex to remember ``n``'s digits: left out, so such a quantifier is refused)."""
+    num = [r"\d", r"[1-9]\d", r"[1-9]\d\d", r"[1-9]\d\d\d"]
+    alts = []
+    for i in range(3):                    # n has i + 1 digits, m more
+        for j in range(i + 1, 4):
+            alts.append(rf"{num[i]},{num[j]}")
+    for a in range(10):                   # one digit each
+        alts.append(rf"{a},[{a}-9]")
+    for a in range(1, 10):                # two digits each
+        if a < 9:
+            alts.append(rf"{a}\d,[{a + 1}-9]\d")
+        for b in range(10):
+            alts.append(rf"{a}{b},{a}[{b}-9]")
+    return r"\{(?:" + "|".join(alts) + r")\}"
+
+
 def _regex_subset(depth: int = 3) -> str:
     """A regular subset of the regular expressions valid for both Python ``re`` and ECMA-262:
     literals, common escapes, classes with ordered ASCII ranges, ``.``, ``^``/``$``, groups
     ``(...)``/``(?:...)`` nested up to ``depth``, ``|`` and single quantifiers
-    (``* + ? {n} {n,}``, optionally lazy)."""
+    (``* + ? {n} {n,}`` and ``{n,m}`` with ``n <= m`` as :func:`_counted_range` spells it,
+    optionally lazy)."""
     char = r"[^\\^$.|?*+()\[\]{}]"
     esc = r"\\[dDwWsSnrtf.\\^$|?*+()\[\]{}/]"
     rng = "|".join(f"{a}-{b}" for grp in ("0123456789", "abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ")
                    for i, a in enumerate(grp) for b in grp[i:])
     citem = rf"(?:[^\\\]\[^\-]|\\[dDwWsSnrtf.\\^$|?*+()\[\]{{}}/\-]|{rng})"
     cls = rf"\[\^?{citem}+\]"
-    quant = r"(?:(?:[*+?]|\{\d{1,4},?\})\??)"
+    quant = rf"(?:(?:[*+?]|\{{\d{{1,4}},?\}}|{_counted_range()})\??)"
     atom = rf"(?:{char}|{esc}|{cls}|\.)"
     alt = rf"(?:(?:{atom}{quant}?|[\^$])*(?:\|(?:{atom}{quant}?|[\^$])*)*)"
     for _ in range(depth):
