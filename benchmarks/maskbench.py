@@ -1,7 +1,7 @@
 """MaskBench (JSONSchemaBench) harness: grammask against llguidance and xgrammar, same run.
 
     python benchmarks/maskbench.py DATA_DIR [--engines grammask,llguidance,xgrammar] [--every N]
-        [--timeout S] [--tokenizer llama3] [--max-schemas K] [--no-write]
+        [--timeout S] [--tokenizer llama3] [--max-schemas K] [--ids ID,ID,...] [--no-write]
 
 Method (as MaskBench): for each schema compile once; for each test instance, ``json.dumps(data)``
 (default separators) tokenized with the Llama-3 tokenizer; before each token compute the mask,
@@ -453,7 +453,8 @@ def pct(vals, q):
 
 
 def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
-    lines = [f"{n_schemas} schemas (every {args.every}th of {args.data}), tokenizer Llama-3, "
+    which = f"selected by --ids from {args.data}" if getattr(args, "ids", None) else f"every {args.every}th of {args.data}"
+    lines = [f"{n_schemas} schemas ({which}), tokenizer Llama-3, "
              f"timeout {args.timeout:g} s per schema; {machine_line()}; run took {elapsed:.0f} s.", ""]
     head = ["engine", "passing", "compile errors", "mask errors", "timeouts", "crashes", "valid rejected",
             "of which order only", "invalid accepted", "tests"]
@@ -576,6 +577,8 @@ def main(argv=None) -> None:
     ap.add_argument("--max-schemas", type=int, default=None)
     ap.add_argument("--order-search", type=float, default=20.0, metavar="S",
                     help="seconds per schema to search key orders for rejected valid instances (0: off)")
+    ap.add_argument("--ids", default=None,
+                    help="comma-separated schema ids to run (instead of --every; own RESULTS.md section)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
     ap.add_argument("--plot", default=None,
                     help="PNG path (default benchmarks/maskbench_tbm.png, or maskbench_tbm_1inN.png for --every N)")
@@ -585,12 +588,21 @@ def main(argv=None) -> None:
         args.plot = str(Path(__file__).resolve().parent / f"maskbench_tbm{suffix}.png")
     # the full data and each sample keep their own section of RESULTS.md
     section = "maskbench.py (full data)" if args.every == 1 else f"maskbench.py (1 in {args.every})"
+    ids = set(args.ids.split(",")) if args.ids else None
+    if ids:
+        args.every = 1
+        section = "maskbench.py (selected schemas)"
     engines = [e for e in args.engines.split(",") if e]
     for e in engines:
         if e not in ENGINE_CLASSES:
             raise SystemExit(f"unknown engine {e!r}")
     tok = Llama3()
     schemas = load_schemas(Path(args.data), args.every, args.max_schemas)
+    if ids:
+        schemas = [x for x in schemas if x[0] in ids]
+        missing = ids - {x[0] for x in schemas}
+        if missing:
+            raise SystemExit(f"unknown schema ids: {', '.join(sorted(missing))}")
     tasks = []
     for sid, split, schema, tests in schemas:
         toks = [(bool(t["valid"]), tok.encode(json.dumps(t["data"])), t["data"]) for t in tests]
@@ -619,7 +631,8 @@ def main(argv=None) -> None:
     body += f"\nCommand: `{command_line()}`\n\nPlot: `benchmarks/{Path(args.plot).name}`\n"
     print(body)
     if not args.no_write:
-        plot(summaries, Path(args.plot))
+        if not ids:
+            plot(summaries, Path(args.plot))
         update_results_section(RESULTS_MD, section, body)
 
 
