@@ -106,6 +106,9 @@ class ExprSet:
         #: held by every writer: compilers, lexers and slice checks of all grammars sharing the set
         self.lock = threading.RLock()
         self._prefix_cache: dict[int, bool] = {}   # s << 32 | u
+        # (x << 32 | s) << 32 | r -> an upper bound of the factors of r to begin from the pair
+        # (x, s) to a word of x & s r*, or -1 where there is none (see _alive_counted)
+        self._counted_memo: dict[int, int] = {}
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
 
     # ------------------------------------------------------------------ construction
@@ -345,7 +348,11 @@ class ExprSet:
         r = self._classes.get(e)
         if r is not None:
             return r
-        masks = self._first_masks(e)
+        r = self._classes[e] = self._partition(self._first_masks(e))
+        return r
+
+    def _partition(self, masks: tuple[int, ...]) -> tuple[int, ...]:
+        """The common refinement of ``masks`` (and their complements) into byte classes."""
         r = self._partition_cache.get(masks)
         if r is None:
             parts = [ALL_BYTES]
@@ -363,7 +370,6 @@ class ExprSet:
                 parts = nxt
             r = tuple(parts)
             self._partition_cache[masks] = r
-        self._classes[e] = r
         return r
 
     def transitions(self, e: int) -> tuple[tuple[int, int], ...]:
@@ -477,7 +483,203 @@ class ExprSet:
                         return False
                     if n >= lo:
                         return True
+        if k == AND:
+            return self._alive_counted(e)
         return None
+
+    def _counted_part(self, c: int):
+        """``(p, r, lo, hi)`` when ``c`` is ``p r{lo,hi}`` free of intersections/complements with
+        a counter (``lo > 1`` or a finite ``hi > 1``), else None."""
+        if self._has_bool[c]:
+            return None
+        p = EPS
+        if self.kind[c] == CONCAT:
+            heads = []
+            while self.kind[c] == CONCAT:
+                a, c = self.args[c]
+                heads.append(a)
+            p = self.concat(*heads)
+        if self.kind[c] != REPEAT:
+            return None
+        r, lo, hi = self.args[c]
+        if lo <= 1 and (hi == INF or hi <= 1):
+            return None
+        if self._nullable[r]:
+            lo = 0   # empty factors pad any count up to ``lo``
+        return p, r, lo, hi
+
+    def _alive_counted(self, e: int) -> bool | None:
+        """Emptiness of ``x & p r{lo,hi}`` (``p``, ``r`` free of intersections/complements,
+        ``x`` the intersection of the other parts) without unrolling the counter (None: no part
+        of that shape).
+
+        The derivatives of such an intersection carry the count left in every state, so exploring
+        them is a product with the counter: ``maxLength: 65536`` over a pattern or format with a
+        loop (``[a-z]+@…``, a URI's ``[v1.x]`` host) makes tens of thousands of states that differ
+        only in the count. Here a state is a pair ``(x', s)``: ``x'`` a derivative of ``x``, ``s``
+        one of ``p`` or of the current factor ``r``. A byte either continues ``s`` or, where ``s``
+        is nullable, begins a factor (``r``'s derivative); a word is in the intersection iff some
+        path of its bytes ends in a pair with both parts nullable having begun between ``lo`` and
+        ``hi`` factors. First the sets of pairs reachable with exactly ``0, 1, …, lo`` factors
+        begun, each from the one before (they repeat periodically as soon as one set recurs: the
+        rest of the way to ``lo`` is skipped), then :meth:`_counted_reach` from the pairs at
+        ``lo``. The work is bounded by the pairs (those of ``x`` times those of ``r``), not by
+        ``lo`` or ``hi``."""
+        best_c = None
+        for c in self.args[e]:
+            cp = self._counted_part(c)
+            if cp is not None and (best_c is None or max(cp[2], cp[3]) > max(best_c[1][2], best_c[1][3])):
+                best_c = (c, cp)
+        if best_c is None:
+            return None
+        c, (p, r, lo, hi) = best_c
+        x = self.intersect(*[y for y in self.args[e] if y != c])
+        if x == EMPTY:
+            return False
+        if lo == 0:
+            return self._counted_reach((x << 32 | p,), r, 0, hi)
+        nullable = self._nullable
+        work = 0
+
+        def closure(seeds) -> frozenset:
+            """``seeds`` and every pair reachable from them without beginning a factor."""
+            nonlocal work
+            out = set(seeds)
+            todo = list(out)
+            while todo:
+                k = todo.pop()
+                for t in self._counted_moves(k, r, False):
+                    if t not in out:
+                        out.add(t)
+                        todo.append(t)
+            work += len(out)
+            if work > self.max_alive_states:
+                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+            return frozenset(out)
+
+        layer = closure([x << 32 | p])
+        layers, index = [layer], {layer: 0}
+        for j in range(1, lo + 1):
+            layer = closure([t for k in layer if nullable[k & 0xFFFFFFFF] for t in self._counted_moves(k, r, True)])
+            if not layer:
+                return False
+            i = index.get(layer)
+            if i is not None:   # periodic from ``i`` on with period ``j - i``
+                layer = layers[i + (lo - i) % (j - i)]
+                break
+            index[layer] = j
+            layers.append(layer)
+        return self._counted_reach(tuple(layer), r, lo, hi)
+
+    def _counted_moves(self, k: int, r: int, new: bool):
+        """Pairs ``x2 << 32 | s2`` after one byte from the pair ``k = x << 32 | s``: continuing
+        ``s``, or (``new``, for a nullable ``s``) beginning a factor ``r``."""
+        x1, s1 = k >> 32, k & 0xFFFFFFFF
+        s0 = r if new else s1
+        deriv, fm, dead = self.deriv, self._first_masks, self._alive
+        for m in self._partition(_union(fm(x1), fm(s0))):
+            b = _lowbit(m)
+            x2 = deriv(x1, b)
+            if x2 == EMPTY or dead.get(x2) is False:
+                continue
+            s2 = deriv(s0, b)
+            if s2 != EMPTY:
+                yield x2 << 32 | s2
+
+    def _counted_reach(self, starts: tuple[int, ...], r: int, n0: int, hi: int) -> bool:
+        """Whether from some pair of ``starts`` (``n0`` factors begun) a pair with both parts
+        nullable is reached having begun at most ``hi`` factors in all.
+
+        First depth first, the number of factors taken along the path (the common case: the
+        first word found is within ``hi``, or none exists); only when the words found all take
+        too many, a 0-1 breadth-first search for the least. Every path to a word gives each pair
+        on it an upper bound of the factors it needs, and a search that finds no word at all
+        proves each pair it visited empty: both are kept (:attr:`_counted_memo`) and end later
+        searches early (the next lexer states are pairs on the path just found)."""
+        from collections import deque
+
+        nullable, memo = self._nullable, self._counted_memo
+        cost: dict[int, int] = {}
+        parent: dict[int, int] = {}
+
+        def found(k: int, extra: int) -> bool:
+            """A word from ``k`` with ``extra`` more factors: bound every pair on the path."""
+            end = cost[k] + extra
+            while k >= 0:
+                key = k << 32 | r
+                old = memo.get(key)
+                if old is None or old > end - cost[k]:
+                    memo[key] = end - cost[k]
+                k = parent[k]
+            return True
+
+        def visit(k: int, n: int, via: int) -> None:
+            cost[k] = n
+            parent[k] = via
+            if len(cost) > self.max_alive_states:
+                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+
+        over = False   # some word was found, with too many factors
+        todo = []
+        for k in starts:
+            if k in cost or memo.get(k << 32 | r) == -1:
+                continue
+            visit(k, n0, -1)
+            todo.append(k)
+        for k in todo:
+            ub = 0 if nullable[k >> 32] and nullable[k & 0xFFFFFFFF] else memo.get(k << 32 | r)
+            if ub is not None:
+                if n0 + ub <= hi or hi == INF:
+                    return found(k, ub)
+                over = True
+        while todo:
+            k = todo.pop()
+            n1 = cost[k]
+            for new in ((False, True) if nullable[k & 0xFFFFFFFF] else (False,)):
+                for t in self._counted_moves(k, r, new):
+                    if t in cost or memo.get(t << 32 | r) == -1:
+                        continue
+                    n2 = n1 + new
+                    visit(t, n2, k)
+                    ub = 0 if nullable[t >> 32] and nullable[t & 0xFFFFFFFF] else memo.get(t << 32 | r)
+                    if ub is not None:
+                        if hi == INF or n2 + ub <= hi:
+                            return found(t, ub)
+                        over = True
+                    todo.append(t)
+        if not over:
+            for k in cost:
+                memo[k << 32 | r] = -1
+            return False
+        # the least factors: 0-1 breadth first from the starts (``hi`` bounds every path)
+        cost.clear()
+        parent.clear()
+        q = deque()
+        for k in starts:
+            if k not in cost and memo.get(k << 32 | r) != -1:
+                visit(k, n0, -1)
+                q.append(k)
+        while q:
+            k = q.popleft()
+            n1 = cost[k]
+            ub = 0 if nullable[k >> 32] and nullable[k & 0xFFFFFFFF] else memo.get(k << 32 | r)
+            if ub is not None and n1 + ub <= hi:
+                return found(k, ub)
+            for new in ((False, True) if nullable[k & 0xFFFFFFFF] and n1 < hi else (False,)):
+                n2 = n1 + new
+                for t in self._counted_moves(k, r, new):
+                    old = cost.get(t)
+                    if (old is not None and old <= n2) or memo.get(t << 32 | r) == -1:
+                        continue
+                    if old is None:
+                        visit(t, n2, k)
+                    else:
+                        cost[t], parent[t] = n2, k
+                    if new:
+                        q.append(t)
+                    else:
+                        q.appendleft(t)
+        return False
 
     def _repeat_covers(self, s: int, u: int) -> bool:
         """A sufficient structural test for :meth:`prefixes_contain`: ``s`` is ``C{a,b}`` (or
