@@ -142,8 +142,13 @@ COUNTED = [
 LETTERS = b"abcdx"
 
 
+# each counted check is run both ways: depth first first, or the periodic layers first
+LAYERS_FIRST = {"depth_first": 10 ** 9, "layers_first": 0}
+
+
+@pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
 @pytest.mark.parametrize("k", range(len(COUNTED)))
-def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k):
+def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k, order):
     """``x & r{lo,hi}`` and its derivatives (the states a lexer reaches: partial factors, counts
     in between) are decided by the counted check exactly as the unrolled exploration decides
     them (small counts: both finish)."""
@@ -151,6 +156,7 @@ def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k):
     sets = []
     for cls in (ExprSet, _Unrolled):
         ex = cls()
+        ex.counted_layers_from = LAYERS_FIRST[order]
         e = ex.intersect(parse_regex(x, ex), ex.complement(ex.literal("abd")), ex.repeat(parse_regex(r, ex), lo, hi))
         sets.append((ex, e))
     (ex, e), (ref, e_ref) = sets
@@ -170,8 +176,10 @@ def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k):
     # a word in many ways), then the least number is searched for
     ("[ab]b(ab|[bc])abba(c)?", "b*a?", 1, 2, 9), ("baba(b|a)ab[ab]", "a*b", 1, 4, 9),
 ])
-def test_alive_of_counted_intersections_matches_brute_force(x, r, lo, hi, max_len):
+@pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
+def test_alive_of_counted_intersections_matches_brute_force(x, r, lo, hi, max_len, order):
     ex = ExprSet()
+    ex.counted_layers_from = LAYERS_FIRST[order]
     e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))
     got = ex._alive_counted(e)
     assert got is not None
@@ -180,7 +188,8 @@ def test_alive_of_counted_intersections_matches_brute_force(x, r, lo, hi, max_le
     assert got is any(ex.matches(e, w) for w in words)
 
 
-def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration():
+@pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
+def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(order):
     import random
 
     rng = random.Random(5)
@@ -205,6 +214,7 @@ def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(
         sets = []
         for cls in (ExprSet, _Unrolled):
             ex = cls()
+            ex.counted_layers_from = LAYERS_FIRST[order]
             sets.append((ex, ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))))
         (ex, e), (ref, e_ref) = sets
         if ex.kind[e] != AND or ex._alive_counted(e) is None:

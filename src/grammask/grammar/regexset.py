@@ -77,6 +77,9 @@ class ExprSet:
 
     EMPTY = 0
     EPS = 1
+    #: counted intersections (:meth:`_alive_counted`) with a minimum count from this on are
+    #: decided by the periodic layers first: depth first needs at least that many states
+    counted_layers_from = 16
 
     def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000):
         if not 0 < max_nodes < 1 << 32:
@@ -520,11 +523,16 @@ class ExprSet:
         one of ``p`` or of the current factor ``r``. A byte either continues ``s`` or, where ``s``
         is nullable, begins a factor (``r``'s derivative); a word is in the intersection iff some
         path of its bytes ends in a pair with both parts nullable having begun between ``lo`` and
-        ``hi`` factors. First the sets of pairs reachable with exactly ``0, 1, …, lo`` factors
-        begun, each from the one before (they repeat periodically as soon as one set recurs: the
-        rest of the way to ``lo`` is skipped), then :meth:`_counted_reach` from the pairs at
-        ``lo``. The work is bounded by the pairs (those of ``x`` times those of ``r``), not by
-        ``lo`` or ``hi``."""
+        ``hi`` factors.
+
+        Two exact searches: :meth:`_counted_search`, depth first over pairs and the factors
+        begun up to ``lo``, stops at the first word it meets; :meth:`_counted_layered` takes the
+        sets of pairs reachable with exactly ``0, 1, …, lo`` factors, each from the one before
+        (they repeat periodically as soon as one set recurs: the rest of the way to ``lo`` is
+        skipped), then the least number of factors from the pairs at ``lo``: bounded by the pairs
+        (those of ``x`` times those of ``r``), not by ``lo`` or ``hi``. The first is tried first
+        below ``counted_layers_from``; the other one where the first is not conclusive (its
+        words all begin too many factors) or meets too many states."""
         best_c = None
         for c in self.args[e]:
             cp = self._counted_part(c)
@@ -536,8 +544,25 @@ class ExprSet:
         x = self.intersect(*[y for y in self.args[e] if y != c])
         if x == EMPTY:
             return False
-        if lo == 0:
-            return self._counted_reach((x << 32 | p,), r, 0, hi)
+        # depth first needs at least ``lo`` states: from large minimums on, the layers first
+        methods = (self._counted_search, self._counted_layered)
+        if lo >= self.counted_layers_from:
+            methods = methods[::-1]
+        err = None
+        for method in methods:
+            try:
+                res = method(x << 32 | p, r, lo, hi)
+            except GrammarTooComplexError as exc:
+                err = exc
+                continue
+            if res is not None:
+                return res
+        raise err
+
+    def _counted_layered(self, start: int, r: int, lo: int, hi: int) -> bool:
+        """The pairs reachable from ``start`` with exactly ``0, 1, …, lo`` factors begun, each
+        set from the one before, skipping ahead once a set recurs; then :meth:`_counted_least`
+        from the pairs at ``lo``."""
         nullable = self._nullable
         work = 0
 
@@ -557,7 +582,9 @@ class ExprSet:
                 raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
             return frozenset(out)
 
-        layer = closure([x << 32 | p])
+        if lo == 0:
+            return self._counted_least((start,), r, 0, hi)
+        layer = closure([start])
         layers, index = [layer], {layer: 0}
         for j in range(1, lo + 1):
             layer = closure([t for k in layer if nullable[k & 0xFFFFFFFF] for t in self._counted_moves(k, r, True)])
@@ -569,7 +596,7 @@ class ExprSet:
                 break
             index[layer] = j
             layers.append(layer)
-        return self._counted_reach(tuple(layer), r, lo, hi)
+        return self._counted_least(layer, r, lo, hi)
 
     def _counted_moves(self, k: int, r: int, new: bool):
         """Pairs ``x2 << 32 | s2`` after one byte from the pair ``k = x << 32 | s``: continuing
@@ -586,32 +613,93 @@ class ExprSet:
             if s2 != EMPTY:
                 yield x2 << 32 | s2
 
-    def _counted_reach(self, starts: tuple[int, ...], r: int, n0: int, hi: int) -> bool:
-        """Whether from some pair of ``starts`` (``n0`` factors begun) a pair with both parts
-        nullable is reached having begun at most ``hi`` factors in all.
+    def _counted_bound(self, k: int, r: int):
+        """Factors of ``r`` known to suffice from the pair ``k`` to a word (0 where both parts
+        are nullable), -1 if none does, None if unknown."""
+        if self._nullable[k >> 32] and self._nullable[k & 0xFFFFFFFF]:
+            return 0
+        return self._counted_memo.get(k << 32 | r)
 
-        First depth first, the number of factors taken along the path (the common case: the
-        first word found is within ``hi``, or none exists); only when the words found all take
-        too many, a 0-1 breadth-first search for the least. Every path to a word gives each pair
-        on it an upper bound of the factors it needs, and a search that finds no word at all
-        proves each pair it visited empty: both are kept (:attr:`_counted_memo`) and end later
-        searches early (the next lexer states are pairs on the path just found)."""
-        from collections import deque
+    def _counted_found(self, k: int, extra: int, r: int, cost: dict, parent: dict, shift: int) -> bool:
+        """A word from state ``k`` with ``extra`` more factors: every state on the path to it
+        bounds the factors its pair (``state >> shift``) needs (:attr:`_counted_memo`)."""
+        memo = self._counted_memo
+        end = cost[k] + extra
+        while k >= 0:
+            key = (k >> shift) << 32 | r
+            old = memo.get(key)
+            if old is None or old > end - cost[k]:
+                memo[key] = end - cost[k]
+            k = parent[k]
+        return True
 
-        nullable, memo = self._nullable, self._counted_memo
+    def _counted_search(self, start: int, r: int, lo: int, hi: int) -> bool | None:
+        """Depth first from the pair ``start`` over states ``(pair, min(factors, lo))``, the
+        number of factors taken along the path: True on a word within ``lo..hi`` factors, False
+        when no word is reachable at all, None when the words found all take more than ``hi``.
+
+        Every path to a word bounds the factors each pair on it needs, and a search finding no
+        word proves the pairs it met with ``lo`` factors empty: both are kept
+        (:attr:`_counted_memo`) and end later searches early (the next lexer states are pairs on
+        the path just found)."""
+        memo = self._counted_memo
         cost: dict[int, int] = {}
         parent: dict[int, int] = {}
 
-        def found(k: int, extra: int) -> bool:
-            """A word from ``k`` with ``extra`` more factors: bound every pair on the path."""
-            end = cost[k] + extra
-            while k >= 0:
-                key = k << 32 | r
-                old = memo.get(key)
-                if old is None or old > end - cost[k]:
-                    memo[key] = end - cost[k]
-                k = parent[k]
-            return True
+        def visit(k: int, n: int, via: int):
+            """Enter state ``k`` at ``n`` factors: True/False (a word within ``hi`` / more),
+            None when nothing is known of its pair."""
+            cost[k] = n
+            parent[k] = via
+            if len(cost) > self.max_alive_states:
+                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+            if k & 0xFFFFFFFFFFFFFFFF != lo:
+                return None
+            ub = self._counted_bound(k >> 64, r)
+            if ub is None or ub < 0:
+                return None
+            return hi == INF or n + ub <= hi
+
+        if lo == 0 and memo.get(start << 32 | r) == -1:
+            return False
+        k0 = start << 64   # no factor begun
+        v = visit(k0, 0, -1)
+        if v:
+            return self._counted_found(k0, self._counted_bound(start, r), r, cost, parent, 64)
+        over = v is False
+        todo = [k0]
+        nullable = self._nullable
+        while todo:
+            k = todo.pop()
+            pk, j, n1 = k >> 64, k & 0xFFFFFFFFFFFFFFFF, cost[k]
+            for new in ((False, True) if nullable[pk & 0xFFFFFFFF] else (False,)):
+                j2 = min(j + 1, lo) if new else j
+                n2 = n1 + new
+                for t in self._counted_moves(pk, r, new):
+                    tk = t << 64 | j2
+                    if tk in cost or (j2 == lo and memo.get(t << 32 | r) == -1):
+                        continue
+                    v = visit(tk, n2, k)
+                    if v:
+                        return self._counted_found(tk, self._counted_bound(t, r), r, cost, parent, 64)
+                    over = over or v is False
+                    todo.append(tk)
+        if over:
+            return None
+        for k in cost:
+            if k & 0xFFFFFFFFFFFFFFFF == lo:
+                memo[(k >> 64) << 32 | r] = -1
+        return False
+
+    def _counted_least(self, starts, r: int, n0: int, hi: int) -> bool:
+        """Whether from some pair of ``starts`` (``n0`` factors begun) a pair with both parts
+        nullable is reached having begun at most ``hi`` factors in all: 0-1 breadth first, the
+        least number of factors for every pair."""
+        from collections import deque
+
+        memo = self._counted_memo
+        cost: dict[int, int] = {}
+        parent: dict[int, int] = {}
 
         def visit(k: int, n: int, via: int) -> None:
             cost[k] = n
@@ -619,41 +707,6 @@ class ExprSet:
             if len(cost) > self.max_alive_states:
                 raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
 
-        over = False   # some word was found, with too many factors
-        todo = []
-        for k in starts:
-            if k in cost or memo.get(k << 32 | r) == -1:
-                continue
-            visit(k, n0, -1)
-            todo.append(k)
-        for k in todo:
-            ub = 0 if nullable[k >> 32] and nullable[k & 0xFFFFFFFF] else memo.get(k << 32 | r)
-            if ub is not None:
-                if n0 + ub <= hi or hi == INF:
-                    return found(k, ub)
-                over = True
-        while todo:
-            k = todo.pop()
-            n1 = cost[k]
-            for new in ((False, True) if nullable[k & 0xFFFFFFFF] else (False,)):
-                for t in self._counted_moves(k, r, new):
-                    if t in cost or memo.get(t << 32 | r) == -1:
-                        continue
-                    n2 = n1 + new
-                    visit(t, n2, k)
-                    ub = 0 if nullable[t >> 32] and nullable[t & 0xFFFFFFFF] else memo.get(t << 32 | r)
-                    if ub is not None:
-                        if hi == INF or n2 + ub <= hi:
-                            return found(t, ub)
-                        over = True
-                    todo.append(t)
-        if not over:
-            for k in cost:
-                memo[k << 32 | r] = -1
-            return False
-        # the least factors: 0-1 breadth first from the starts (``hi`` bounds every path)
-        cost.clear()
-        parent.clear()
         q = deque()
         for k in starts:
             if k not in cost and memo.get(k << 32 | r) != -1:
@@ -662,10 +715,10 @@ class ExprSet:
         while q:
             k = q.popleft()
             n1 = cost[k]
-            ub = 0 if nullable[k >> 32] and nullable[k & 0xFFFFFFFF] else memo.get(k << 32 | r)
-            if ub is not None and n1 + ub <= hi:
-                return found(k, ub)
-            for new in ((False, True) if nullable[k & 0xFFFFFFFF] and n1 < hi else (False,)):
+            ub = self._counted_bound(k, r)
+            if ub is not None and ub >= 0 and (hi == INF or n1 + ub <= hi):
+                return self._counted_found(k, ub, r, cost, parent, 0)
+            for new in ((False, True) if self._nullable[k & 0xFFFFFFFF] and (hi == INF or n1 < hi) else (False,)):
                 n2 = n1 + new
                 for t in self._counted_moves(k, r, new):
                     old = cost.get(t)
