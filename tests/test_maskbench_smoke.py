@@ -63,7 +63,10 @@ def test_sourcery_yaml_schema_masks_every_test(llama3_engine):
 
     tok, engine = llama3_engine
     path = DATA / "JsonSchemaStore.jsonl"
-    recs = [json.loads(line) for line in open(path) if "sourcery_yaml_schema" in line[:100]] if path.is_file() else []
+    recs = []
+    if path.is_file():
+        with open(path) as f:
+            recs = [json.loads(line) for line in f if "sourcery_yaml_schema" in line[:100]]
     if not recs:
         pytest.skip(f"JsonSchemaStore---sourcery_yaml_schema not in {path}")
     rec = recs[0]
