@@ -664,6 +664,37 @@ def test_format_hostname_and_uri():
         assert not ex.matches(u, bad), bad
 
 
+def test_long_max_length_over_a_looping_format_or_pattern_masks_without_error():
+    """A ``maxLength`` in the tens of thousands on a format or pattern with a loop (a URI's
+    ``[v1.x]`` host, ``[a-z]+@...``): emptiness of the lexer's states was explored with the count
+    left in every state and ran out of its state bound while masking (MaskBench's
+    ``JsonSchemaStore---sourcery_yaml_schema``). Every byte is checked against the mask too."""
+    schema = {"type": "object", "additionalProperties": False, "properties": {
+        "url": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 65536},
+        "mail": {"type": "string", "pattern": "^[a-z]+@[a-z]+\\.com$", "minLength": 6, "maxLength": 65536}}}
+    cg = compile_schema(schema)
+    cases = [('{"url": "http://[::1]/x"}', True), ('{"url": "http://[v1f.a:b]/x?y#z"}', True),
+             ('{"url": "http://[v1f.]"}', False), ('{"url": "http://[x]"}', False), ('{"url": ""}', False),
+             ('{"mail": "ab@cd.com"}', True), ('{"mail": "ab@cd.co"}', False), ('{"mail": "a@c.com"}', True),
+             ('{"url": "a:", "mail": "x@y.com"}', True)]
+    for text, valid in cases:
+        m = GrammarMatcher(cg)
+        ok = True
+        for b in text.encode():
+            mask = m.get_next_token_bitmask()
+            allowed = bool((int(mask[b // 32]) >> (b % 32)) & 1)
+            assert m.accept_token(b) == allowed, text
+            if not allowed:
+                ok = False
+                break
+        assert (ok and m.can_terminate()) == valid, text
+    rng = random.Random(3)
+    for _ in range(8):
+        s = sample(cg, rng, max_steps=80, hint="@.:/[]")
+        if s is not None:
+            assert json.loads(s).keys() <= {"url", "mail"}
+
+
 # ---------------------------------------------------------------------------------------------- greedy safety
 REF_SCHEMAS = [
     {"type": "object", "properties": {"a": {"type": "integer", "minimum": -5, "maximum": 12}, "ab": {"enum": ["x", 1.5]}},

@@ -3,8 +3,9 @@ from itertools import product
 
 import pytest
 
+from grammask.errors import GrammarTooComplexError
 from grammask.grammar.regex import parse_regex
-from grammask.grammar.regexset import ExprSet
+from grammask.grammar.regexset import AND, ExprSet
 
 ALPHABET = b'abc"'
 
@@ -114,9 +115,149 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
     assert len(ex._trans) > 10 and len(ex._fm) > 10 and len(ex.__dict__["_lexer_moves"]) > 1
     for _ in range(5):
         gc.collect()
-    for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm",
+    for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo",
                  "_partition_cache", "_trans", "_lexer_moves"):
         table = getattr(ex, name) if hasattr(ex, name) else ex.__dict__[name]
         assert not gc.is_tracked(table), (name, [(k, v) for k, v in table.items() if gc.is_tracked(k) or gc.is_tracked(v)][:3] if isinstance(table, dict) else None)
         if isinstance(table, dict):
             assert not any(gc.is_tracked(v) for v in table.values()), name
+
+
+class _Unrolled(ExprSet):
+    """The plain exploration of derivatives (the counter unrolled in the states): the reference
+    for the counted-intersection emptiness check."""
+
+    def _alive_counted(self, e):
+        return None
+
+
+# (x, factor r, lo, hi): ``x & r{lo,hi}``; factors that are prefix codes (single bytes, an
+# escape-like ``\x``-led code), one that is not (``a|ab``) and a nullable one
+COUNTED = [
+    (x, r, lo, hi)
+    for x in ("a[bc]*d", "(ab|c)*d", "a(bc)*dd", "d{3,}", "(a|bc){2,5}", "[ab]*b")
+    for r in ("[a-d]", "x[ab]|[a-d]", "a|ab", "b?|[acd]")
+    for lo, hi in ((0, 3), (2, 5), (3, 3), (4, None), (0, 7))
+]
+LETTERS = b"abcdx"
+
+
+# each counted check is run both ways: depth first first, or the periodic layers first
+LAYERS_FIRST = {"depth_first": 10 ** 9, "layers_first": 0}
+
+
+@pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
+@pytest.mark.parametrize("k", range(len(COUNTED)))
+def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k, order):
+    """``x & r{lo,hi}`` and its derivatives (the states a lexer reaches: partial factors, counts
+    in between) are decided by the counted check exactly as the unrolled exploration decides
+    them (small counts: both finish)."""
+    x, r, lo, hi = COUNTED[k]
+    sets = []
+    for cls in (ExprSet, _Unrolled):
+        ex = cls()
+        ex.counted_layers_from = LAYERS_FIRST[order]
+        e = ex.intersect(parse_regex(x, ex), ex.complement(ex.literal("abd")), ex.repeat(parse_regex(r, ex), lo, hi))
+        sets.append((ex, e))
+    (ex, e), (ref, e_ref) = sets
+    assert ex.has_bool(e) and ex._alive_counted(e) is not None   # the check under test applies
+    words = [b""] + [bytes(t) for n in range(1, 4) for t in product(LETTERS, repeat=n)]
+    for w in words:
+        d, d_ref = e, e_ref
+        for b in w:
+            d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+        assert ex.alive(d) == ref.alive(d_ref), (x, r, lo, hi, w)
+
+
+@pytest.mark.parametrize("x,r,lo,hi,max_len", [
+    ("ab|ba", "[ab]", 2, 2, 4), ("ab|ba", "[ab]", 3, 9, 9), ("a(ab)*", "ab|a", 1, 2, 4), ("a(ab)*", "ab", 1, 4, 8),
+    ("(aab)*", "a|ab|b", 3, 3, 6), ("b(aa)*", "aa|b", 2, 4, 8), ("ab", "b?|[ab]", 3, 3, 3),
+    # ``hi`` tight: the first word found may take too many factors (``b*a?`` and ``a*b`` split
+    # a word in many ways), then the least number is searched for
+    ("[ab]b(ab|[bc])abba(c)?", "b*a?", 1, 2, 9), ("baba(b|a)ab[ab]", "a*b", 1, 4, 9),
+])
+@pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
+def test_alive_of_counted_intersections_matches_brute_force(x, r, lo, hi, max_len, order):
+    ex = ExprSet()
+    ex.counted_layers_from = LAYERS_FIRST[order]
+    e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))
+    got = ex._alive_counted(e)
+    assert got is not None
+    # every word of x (or of r{lo,hi}) has at most max_len bytes
+    words = (bytes(t) for n in range(max_len + 1) for t in product(b"abc", repeat=n))
+    assert got is any(ex.matches(e, w) for w in words)
+
+
+@pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
+def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(order):
+    import random
+
+    rng = random.Random(5)
+
+    def rand_re(d=0):
+        c = rng.random()
+        if d > 2 or c < 0.3:
+            return rng.choice(["a", "b", "c", "[ab]", "[bc]", "ab", "ba"])
+        if c < 0.55:
+            return rand_re(d + 1) + rand_re(d + 1)
+        if c < 0.75:
+            return "(" + rand_re(d + 1) + "|" + rand_re(d + 1) + ")"
+        if c < 0.9:
+            return "(" + rand_re(d + 1) + ")" + rng.choice(["*", "+", "?", "{2}", "{1,3}"])
+        return rand_re(d + 1)
+
+    checked = 0
+    for _ in range(300):
+        x, r = rand_re(), rng.choice(["a*b", "a*b|c", "(ab)*c", "b*a?", "a+|b", rand_re()])
+        lo = rng.randint(0, 4)
+        hi = rng.choice([None, lo, lo + 1, lo + 3, 2 * lo + 2])
+        sets = []
+        for cls in (ExprSet, _Unrolled):
+            ex = cls()
+            ex.counted_layers_from = LAYERS_FIRST[order]
+            sets.append((ex, ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))))
+        (ex, e), (ref, e_ref) = sets
+        if ex.kind[e] != AND or ex._alive_counted(e) is None:
+            continue   # simplified away, or no counter (e.g. r{0,1})
+        checked += 1
+        for w in (bytes(t) for n in range(4) for t in product(b"abc", repeat=n)):
+            d, d_ref = e, e_ref
+            for b in w:
+                d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+            assert ex.alive(d) == ref.alive(d_ref), (x, r, lo, hi, w)
+    assert checked > 150
+
+
+@pytest.mark.parametrize("x,r,prefix,expect", [
+    ("[a-z]+@[a-z]+\\.com", "[ -~]", b"a", True),
+    ("\\[(v[0-9a-f]+\\.[a-z:]+|[0-9]+)\\]", "[ -~]", b"[", True),
+    ("v[0-9a-f]+\\.[a-z:]+\\]", "[ -~]", b"v", True),
+    ("a[0-9]*##", "[a-z0-9]", b"a", False),      # '#' is no factor: empty, whatever the count
+    ("0(00)*##", "[0#]{2}", b"0", False),        # factors of two bytes, words of odd length
+])
+def test_alive_with_a_large_counter_is_decided_without_unrolling(x, r, prefix, expect):
+    """``maxLength: 65536`` over a pattern with a loop: the unrolled exploration meets tens of
+    thousands of states that differ only in the count left (it raised GrammarTooComplexError
+    during lexing); the counted check visits a few pairs."""
+    ex = ExprSet(max_alive_states=200)
+    e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), 1, 65536))
+    for b in prefix:
+        e = ex.deriv(e, b)
+    assert ex.alive(e) is expect
+    ref = _Unrolled(max_alive_states=200)
+    e_ref = ref.intersect(parse_regex(x, ref), ref.repeat(parse_regex(r, ref), 1, 65536))
+    for b in prefix:
+        e_ref = ref.deriv(e_ref, b)
+    with pytest.raises(GrammarTooComplexError):
+        ref.alive(e_ref)
+
+
+def test_alive_with_a_large_minimum_skips_the_periodic_layers():
+    """``minLength`` in the tens of thousands: the sets of pairs per count recur after a few
+    counts, so the check does not walk the count up to the minimum."""
+    ex = ExprSet(max_alive_states=200)
+    unit = parse_regex("[ -~]|\\\\u[0-9a-f]{4}", ex)
+    for x, n, expect in (("[a-z]+(-[a-z]+)*", 50_000, True), ("(ab)+", 50_000, True),
+                         ("(ab)+c", 50_000, False), ("(ab)+c", 50_001, True)):
+        e = ex.intersect(parse_regex(x, ex), ex.repeat(unit, n, n))
+        assert ex.alive(e) is expect, (x, n)

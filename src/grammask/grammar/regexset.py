@@ -77,6 +77,9 @@ class ExprSet:
 
     EMPTY = 0
     EPS = 1
+    #: counted intersections (:meth:`_alive_counted`) with a minimum count from this on are
+    #: decided by the periodic layers first: depth first needs at least that many states
+    counted_layers_from = 16
 
     def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000):
         if not 0 < max_nodes < 1 << 32:
@@ -106,6 +109,9 @@ class ExprSet:
         #: held by every writer: compilers, lexers and slice checks of all grammars sharing the set
         self.lock = threading.RLock()
         self._prefix_cache: dict[int, bool] = {}   # s << 32 | u
+        # (x << 32 | s) << 32 | r -> an upper bound of the factors of r to begin from the pair
+        # (x, s) to a word of x & s r*, or -1 where there is none (see _alive_counted)
+        self._counted_memo: dict[int, int] = {}
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
 
     # ------------------------------------------------------------------ construction
@@ -345,7 +351,11 @@ class ExprSet:
         r = self._classes.get(e)
         if r is not None:
             return r
-        masks = self._first_masks(e)
+        r = self._classes[e] = self._partition(self._first_masks(e))
+        return r
+
+    def _partition(self, masks: tuple[int, ...]) -> tuple[int, ...]:
+        """The common refinement of ``masks`` (and their complements) into byte classes."""
         r = self._partition_cache.get(masks)
         if r is None:
             parts = [ALL_BYTES]
@@ -363,7 +373,6 @@ class ExprSet:
                 parts = nxt
             r = tuple(parts)
             self._partition_cache[masks] = r
-        self._classes[e] = r
         return r
 
     def transitions(self, e: int) -> tuple[tuple[int, int], ...]:
@@ -477,7 +486,253 @@ class ExprSet:
                         return False
                     if n >= lo:
                         return True
+        if k == AND:
+            return self._alive_counted(e)
         return None
+
+    def _counted_part(self, c: int):
+        """``(p, r, lo, hi)`` when ``c`` is ``p r{lo,hi}`` free of intersections/complements with
+        a counter (``lo > 1`` or a finite ``hi > 1``), else None."""
+        if self._has_bool[c]:
+            return None
+        p = EPS
+        if self.kind[c] == CONCAT:
+            heads = []
+            while self.kind[c] == CONCAT:
+                a, c = self.args[c]
+                heads.append(a)
+            p = self.concat(*heads)
+        if self.kind[c] != REPEAT:
+            return None
+        r, lo, hi = self.args[c]
+        if lo <= 1 and (hi == INF or hi <= 1):
+            return None
+        if self._nullable[r]:
+            lo = 0   # empty factors pad any count up to ``lo``
+        return p, r, lo, hi
+
+    def _alive_counted(self, e: int) -> bool | None:
+        """Emptiness of ``x & p r{lo,hi}`` (``p``, ``r`` free of intersections/complements,
+        ``x`` the intersection of the other parts) without unrolling the counter (None: no part
+        of that shape).
+
+        The derivatives of such an intersection carry the count left in every state, so exploring
+        them is a product with the counter: ``maxLength: 65536`` over a pattern or format with a
+        loop (``[a-z]+@…``, a URI's ``[v1.x]`` host) makes tens of thousands of states that differ
+        only in the count. Here a state is a pair ``(x', s)``: ``x'`` a derivative of ``x``, ``s``
+        one of ``p`` or of the current factor ``r``. A byte either continues ``s`` or, where ``s``
+        is nullable, begins a factor (``r``'s derivative); a word is in the intersection iff some
+        path of its bytes ends in a pair with both parts nullable having begun between ``lo`` and
+        ``hi`` factors.
+
+        Two exact searches: :meth:`_counted_search`, depth first over pairs and the factors
+        begun up to ``lo``, stops at the first word it meets; :meth:`_counted_layered` takes the
+        sets of pairs reachable with exactly ``0, 1, …, lo`` factors, each from the one before
+        (they repeat periodically as soon as one set recurs: the rest of the way to ``lo`` is
+        skipped), then the least number of factors from the pairs at ``lo``: bounded by the pairs
+        (those of ``x`` times those of ``r``), not by ``lo`` or ``hi``. The first is tried first
+        below ``counted_layers_from``; the other one where the first is not conclusive (its
+        words all begin too many factors) or meets too many states."""
+        best_c = None
+        for c in self.args[e]:
+            cp = self._counted_part(c)
+            if cp is not None and (best_c is None or max(cp[2], cp[3]) > max(best_c[1][2], best_c[1][3])):
+                best_c = (c, cp)
+        if best_c is None:
+            return None
+        c, (p, r, lo, hi) = best_c
+        x = self.intersect(*[y for y in self.args[e] if y != c])
+        if x == EMPTY:
+            return False
+        # depth first needs at least ``lo`` states: from large minimums on, the layers first
+        methods = (self._counted_search, self._counted_layered)
+        if lo >= self.counted_layers_from:
+            methods = methods[::-1]
+        err = None
+        for method in methods:
+            try:
+                res = method(x << 32 | p, r, lo, hi)
+            except GrammarTooComplexError as exc:
+                err = exc
+                continue
+            if res is not None:
+                return res
+        raise err
+
+    def _counted_layered(self, start: int, r: int, lo: int, hi: int) -> bool:
+        """The pairs reachable from ``start`` with exactly ``0, 1, …, lo`` factors begun, each
+        set from the one before, skipping ahead once a set recurs; then :meth:`_counted_least`
+        from the pairs at ``lo``."""
+        nullable = self._nullable
+        work = 0
+
+        def closure(seeds) -> frozenset:
+            """``seeds`` and every pair reachable from them without beginning a factor."""
+            nonlocal work
+            out = set(seeds)
+            todo = list(out)
+            while todo:
+                k = todo.pop()
+                for t in self._counted_moves(k, r, False):
+                    if t not in out:
+                        out.add(t)
+                        todo.append(t)
+            work += len(out)
+            if work > self.max_alive_states:
+                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+            return frozenset(out)
+
+        if lo == 0:
+            return self._counted_least((start,), r, 0, hi)
+        layer = closure([start])
+        layers, index = [layer], {layer: 0}
+        for j in range(1, lo + 1):
+            layer = closure([t for k in layer if nullable[k & 0xFFFFFFFF] for t in self._counted_moves(k, r, True)])
+            if not layer:
+                return False
+            i = index.get(layer)
+            if i is not None:   # periodic from ``i`` on with period ``j - i``
+                layer = layers[i + (lo - i) % (j - i)]
+                break
+            index[layer] = j
+            layers.append(layer)
+        return self._counted_least(layer, r, lo, hi)
+
+    def _counted_moves(self, k: int, r: int, new: bool):
+        """Pairs ``x2 << 32 | s2`` after one byte from the pair ``k = x << 32 | s``: continuing
+        ``s``, or (``new``, for a nullable ``s``) beginning a factor ``r``."""
+        x1, s1 = k >> 32, k & 0xFFFFFFFF
+        s0 = r if new else s1
+        deriv, fm, dead = self.deriv, self._first_masks, self._alive
+        for m in self._partition(_union(fm(x1), fm(s0))):
+            b = _lowbit(m)
+            x2 = deriv(x1, b)
+            if x2 == EMPTY or dead.get(x2) is False:
+                continue
+            s2 = deriv(s0, b)
+            if s2 != EMPTY:
+                yield x2 << 32 | s2
+
+    def _counted_bound(self, k: int, r: int):
+        """Factors of ``r`` known to suffice from the pair ``k`` to a word (0 where both parts
+        are nullable), -1 if none does, None if unknown."""
+        if self._nullable[k >> 32] and self._nullable[k & 0xFFFFFFFF]:
+            return 0
+        return self._counted_memo.get(k << 32 | r)
+
+    def _counted_found(self, k: int, extra: int, r: int, cost: dict, parent: dict, shift: int) -> bool:
+        """A word from state ``k`` with ``extra`` more factors: every state on the path to it
+        bounds the factors its pair (``state >> shift``) needs (:attr:`_counted_memo`)."""
+        memo = self._counted_memo
+        end = cost[k] + extra
+        while k >= 0:
+            key = (k >> shift) << 32 | r
+            old = memo.get(key)
+            if old is None or old > end - cost[k]:
+                memo[key] = end - cost[k]
+            k = parent[k]
+        return True
+
+    def _counted_search(self, start: int, r: int, lo: int, hi: int) -> bool | None:
+        """Depth first from the pair ``start`` over states ``(pair, min(factors, lo))``, the
+        number of factors taken along the path: True on a word within ``lo..hi`` factors, False
+        when no word is reachable at all, None when the words found all take more than ``hi``.
+
+        Every path to a word bounds the factors each pair on it needs, and a search finding no
+        word proves the pairs it met with ``lo`` factors empty: both are kept
+        (:attr:`_counted_memo`) and end later searches early (the next lexer states are pairs on
+        the path just found)."""
+        memo = self._counted_memo
+        cost: dict[int, int] = {}
+        parent: dict[int, int] = {}
+
+        def visit(k: int, n: int, via: int):
+            """Enter state ``k`` at ``n`` factors: True/False (a word within ``hi`` / more),
+            None when nothing is known of its pair."""
+            cost[k] = n
+            parent[k] = via
+            if len(cost) > self.max_alive_states:
+                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+            if k & 0xFFFFFFFFFFFFFFFF != lo:
+                return None
+            ub = self._counted_bound(k >> 64, r)
+            if ub is None or ub < 0:
+                return None
+            return hi == INF or n + ub <= hi
+
+        if lo == 0 and memo.get(start << 32 | r) == -1:
+            return False
+        k0 = start << 64   # no factor begun
+        v = visit(k0, 0, -1)
+        if v:
+            return self._counted_found(k0, self._counted_bound(start, r), r, cost, parent, 64)
+        over = v is False
+        todo = [k0]
+        nullable = self._nullable
+        while todo:
+            k = todo.pop()
+            pk, j, n1 = k >> 64, k & 0xFFFFFFFFFFFFFFFF, cost[k]
+            for new in ((False, True) if nullable[pk & 0xFFFFFFFF] else (False,)):
+                j2 = min(j + 1, lo) if new else j
+                n2 = n1 + new
+                for t in self._counted_moves(pk, r, new):
+                    tk = t << 64 | j2
+                    if tk in cost or (j2 == lo and memo.get(t << 32 | r) == -1):
+                        continue
+                    v = visit(tk, n2, k)
+                    if v:
+                        return self._counted_found(tk, self._counted_bound(t, r), r, cost, parent, 64)
+                    over = over or v is False
+                    todo.append(tk)
+        if over:
+            return None
+        for k in cost:
+            if k & 0xFFFFFFFFFFFFFFFF == lo:
+                memo[(k >> 64) << 32 | r] = -1
+        return False
+
+    def _counted_least(self, starts, r: int, n0: int, hi: int) -> bool:
+        """Whether from some pair of ``starts`` (``n0`` factors begun) a pair with both parts
+        nullable is reached having begun at most ``hi`` factors in all: 0-1 breadth first, the
+        least number of factors for every pair."""
+        from collections import deque
+
+        memo = self._counted_memo
+        cost: dict[int, int] = {}
+        parent: dict[int, int] = {}
+
+        def visit(k: int, n: int, via: int) -> None:
+            cost[k] = n
+            parent[k] = via
+            if len(cost) > self.max_alive_states:
+                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+
+        q = deque()
+        for k in starts:
+            if k not in cost and memo.get(k << 32 | r) != -1:
+                visit(k, n0, -1)
+                q.append(k)
+        while q:
+            k = q.popleft()
+            n1 = cost[k]
+            ub = self._counted_bound(k, r)
+            if ub is not None and ub >= 0 and (hi == INF or n1 + ub <= hi):
+                return self._counted_found(k, ub, r, cost, parent, 0)
+            for new in ((False, True) if self._nullable[k & 0xFFFFFFFF] and (hi == INF or n1 < hi) else (False,)):
+                n2 = n1 + new
+                for t in self._counted_moves(k, r, new):
+                    old = cost.get(t)
+                    if (old is not None and old <= n2) or memo.get(t << 32 | r) == -1:
+                        continue
+                    if old is None:
+                        visit(t, n2, k)
+                    else:
+                        cost[t], parent[t] = n2, k
+                    if new:
+                        q.append(t)
+                    else:
+                        q.appendleft(t)
+        return False
 
     def _repeat_covers(self, s: int, u: int) -> bool:
         """A sufficient structural test for :meth:`prefixes_contain`: ``s`` is ``C{a,b}`` (or
