@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import GrammarTooComplexError
+from .membound import DERIV_BYTES, NODE_BYTES, charge
 
 EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
 KIND_NAMES = ("EMPTY", "EPS", "BYTES", "CONCAT", "OR", "AND", "NOT", "REPEAT")
@@ -126,6 +127,7 @@ class ExprSet:
         i = len(self.kind)
         if i >= self.max_nodes:
             raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
+        charge("regex nodes", NODE_BYTES)
         if kind == EMPTY or kind == BYTES:
             nul, hb = False, False
         elif kind == EPS:
@@ -318,6 +320,7 @@ class ExprSet:
         else:
             x, lo, hi = self.args[e]
             r = self._concat2(self.deriv(x, b), self.repeat(x, max(lo - 1, 0), INF if hi == INF else hi - 1))
+        charge("regex derivatives", DERIV_BYTES)
         self._deriv[key] = r
         return r
 
