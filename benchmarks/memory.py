@@ -273,10 +273,11 @@ def setup_llama3(data_dir: Path, every: int, max_schemas: int | None, **compiler
     return tasks, compiler, bitmask
 
 
-def sequential(data_dir: Path, every: int, max_schemas: int | None) -> dict:
+def sequential(data_dir: Path, every: int, max_schemas: int | None, cache_size: int) -> dict:
     """Run in a fresh interpreter (``--sequential-child``): the whole sample in one process, as
-    a server would (the compiler's default cache and shared ExprSet); its RSS and peak."""
-    tasks, compiler, bitmask = setup_llama3(data_dir, every, max_schemas)
+    a server would (one compiler: its cache of ``cache_size`` grammars, its shared ExprSet); its
+    RSS and peak."""
+    tasks, compiler, bitmask = setup_llama3(data_dir, every, max_schemas, cache_size=cache_size)
     out = {"rss_setup": rss_mib(), "peak_setup": peak_rss_mib(), "failed": 0}
     t0 = time.time()
     for _sid, schema, tests in tasks:
@@ -387,7 +388,8 @@ def grammar_tables(data_dir: Path, every: int, timeout: float, max_schemas: int 
     summary = {
         "schemas": len(tasks), "measured": len(ok), "masks": sum(r["masks"] for r in ok),
         "errors": errors, "parent_rss": parent_rss,
-        "max_estimate": max((r["estimate"] for r in results if "estimate" in r), default=0),
+        "max_estimate": max((r["estimate"] for r in ok), default=0),
+        "max_refused": max(((r["estimate"], r["id"], r["error"]) for r in results if "error" in r), default=None),
         "bound": DEFAULT_MAX_COMPILE_MEMORY_BYTES, "seconds": time.time() - t0,
         "top": [(r["id"], r["rss_masks"], r["memory_size"] / MIB, r["lexer_states"], r["estimate"] / MIB) for r in top],
     }
@@ -417,12 +419,13 @@ def main(argv=None) -> int:
     ap.add_argument("--results", default=None, help="RESULTS.md to write the '## memory.py' section into")
     ap.add_argument("--tokenizer-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sequential-child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--cache-size", type=int, default=128, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.tokenizer_child:
         print(json.dumps(measure_tokenizer(args.tokenizer_child)))
         return 0
     if args.sequential_child:
-        print(json.dumps(sequential(Path(args.data), args.every, args.max_schemas)))
+        print(json.dumps(sequential(Path(args.data), args.every, args.max_schemas, args.cache_size)))
         return 0
     names = [n for n in args.tokenizers.split(",") if n]
     t_tok, _ = tokenizer_table(names)
@@ -451,25 +454,32 @@ def main(argv=None) -> int:
             f"{s['measured']} measured ({s['masks']:,} masks); not measured "
             f"(refused by the compile, failed while masking, timed out): {errs}. Run took {s['seconds']:.0f} s.",
             t_g,
-            f"The largest compile memory estimate was {s['max_estimate'] / MIB:.2f} MiB, "
+            f"The largest compile memory estimate of a grammar that compiled was {s['max_estimate'] / MIB:.2f} MiB, "
             f"{100 * s['max_estimate'] / s['bound']:.2f}% of the default bound "
-            f"(`max_compile_memory_bytes` = {s['bound'] / MIB:.0f} MiB). The RSS growths include the "
+            f"(`max_compile_memory_bytes` = {s['bound'] / MIB:.0f} MiB)"
+            + (f"; of a schema refused, {s['max_refused'][0] / MIB:.2f} MiB ({s['max_refused'][1]}, "
+               f"{s['max_refused'][2]})" if s["max_refused"] else "")
+            + ". The RSS growths include the "
             "lexer states and slice proofs the masks built, on the compiler's shared ExprSet. The five "
             "largest RSS growths:",
             top,
         ]
-        argv = ["--sequential-child", args.data, "--every", str(args.every)]
-        if args.max_schemas:
-            argv += ["--max-schemas", str(args.max_schemas)]
-        q = run_child(*argv)
+        rows = []
+        for cache_size in (128, 0):
+            argv = ["--sequential-child", args.data, "--every", str(args.every), "--cache-size", str(cache_size)]
+            if args.max_schemas:
+                argv += ["--max-schemas", str(args.max_schemas)]
+            q = run_child(*argv)
+            rows.append([cache_size, fmt(q["rss_setup"]), fmt(q["rss_end"]), f"**{fmt(q['peak'])}**",
+                         q["exprs_resets"], q["failed"], fmt(q["seconds"], 0)])
         parts += [
-            f"The same {q['schemas']} schemas one after the other in one fresh process, as a server would "
-            f"(`GrammarCompiler`'s default cache of 128 grammars and shared ExprSet, restarted "
-            f"{q['exprs_resets']} times; {q['failed']} refused or failed): RSS {q['rss_setup']:.1f} MiB with "
-            f"Llama-3 loaded and the kernels warm (peak {q['peak_setup']:.1f} MiB), {q['rss_end']:.1f} MiB after "
-            f"the last schema, **peak RSS {q['peak']:.1f} MiB** ({q['seconds']:.0f} s).",
+            f"The same {q['schemas']} schemas one after the other in one fresh process, as a server would (one "
+            "`GrammarCompiler`; RSS in MiB: when ready, with Llama-3 loaded and the kernels warm, after the "
+            "last schema, and the process's peak):",
+            md_table(["grammar cache (entries)", "RSS ready", "RSS after the last schema", "peak RSS",
+                      "shared ExprSet restarts", "refused or failed", "seconds"], rows),
         ]
-        print("\n\n".join(parts[-5:]))
+        print("\n\n".join(parts[-6:]))
     if args.results:
         update_results_section(args.results, "memory.py", "\n\n".join(parts))
     return 0
