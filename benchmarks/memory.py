@@ -54,6 +54,16 @@ from common import (  # noqa: E402
 )
 
 TOKENIZERS = ("llama3", "qwen", "deepseek", "smollm2")
+
+NOTE = (
+    "Reading the grammar figures: the compile memory estimate (`grammar/membound.py`, what "
+    "`max_compile_memory_bytes` bounds) follows the RSS growth of the compile; it counts what the "
+    "compile holds, not the allocator's slack or the compile's transients. What grows with use is the "
+    "lexer: masks build lexer states (a 1 KiB transition row each, in `memory_size_bytes`) with their "
+    "regex derivatives and slice proofs, bounded per grammar by the lexer generations "
+    "(`max_lexer_states`, docs/lexer.md). The compiler's grammar cache is bounded in entries, not "
+    "bytes, and each cached grammar keeps its lexer and the ExprSet it was built in: the two rows of "
+    "the one-process table (the default cache of 128 grammars, and none) show what that costs.")
 MIB = 1 << 20
 
 
@@ -478,6 +488,7 @@ def main(argv=None) -> int:
             "last schema, and the process's peak):",
             md_table(["grammar cache (entries)", "RSS ready", "RSS after the last schema", "peak RSS",
                       "shared ExprSet restarts", "refused or failed", "seconds"], rows),
+            NOTE,
         ]
         print("\n\n".join(parts[-6:]))
     if args.results:

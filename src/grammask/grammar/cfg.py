@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import EmptyLanguageError, GrammarTooComplexError, UndefinedRuleError
-from .membound import ALT_BYTES, RULE_BYTES, SYMBOL_BYTES, alternatives_bytes, charge
+from .membound import ALT_BYTES, RULE_BYTES, RULES_BATCH, SYMBOL_BYTES, alternatives_bytes, charge, current
 from .regexset import CONCAT, EPS, INF, OR, REPEAT, ExprSet
 
 # flat symbol encoding in the Earley tables
@@ -63,7 +63,11 @@ class Grammar:
     def nonterminal(self, name: str, where: tuple[int, int] | None = None) -> int:
         i = self.index.get(name)
         if i is None:
-            charge("grammar rules", RULE_BYTES)
+            m = current()   # the compile memory bound (membound.py), counted in batches
+            if m is not None:
+                m.rules += RULE_BYTES
+                if m.rules >= RULES_BATCH:
+                    m.flush()
             i = len(self.names)
             self.names.append(name)
             self.index[name] = i
@@ -80,12 +84,20 @@ class Grammar:
         return self.nonterminal(name)
 
     def define(self, nt: int, alternatives: list[list[int]]) -> int:
-        charge("grammar rules", alternatives_bytes(alternatives))
+        m = current()
+        if m is not None:
+            m.rules += 56 + ALT_BYTES * len(alternatives) + SYMBOL_BYTES * sum(map(len, alternatives))
+            if m.rules >= RULES_BATCH:
+                m.flush()
         self.rules[nt] = [list(a) for a in alternatives]
         return nt
 
     def add_alternative(self, nt: int, alt: list[int]) -> None:
-        charge("grammar rules", ALT_BYTES + SYMBOL_BYTES * len(alt))
+        m = current()
+        if m is not None:
+            m.rules += ALT_BYTES + SYMBOL_BYTES * len(alt)
+            if m.rules >= RULES_BATCH:
+                m.flush()
         if self.rules[nt] is None:
             self.rules[nt] = []
         self.rules[nt].append(list(alt))
@@ -143,7 +155,8 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
             raise UndefinedRuleError(f"rule {g.names[i]!r} is referenced but not defined",
                                      *(w if w else (None, None)))
     # the working copy lowering rewrites (the grammar itself is kept: both are held)
-    charge("lowered rules", sum(RULE_BYTES + alternatives_bytes(alts) for alts in g.rules))
+    charge("lowered rules", len(g.rules) * (RULE_BYTES + 56)
+           + sum(ALT_BYTES * len(alts) + SYMBOL_BYTES * sum(map(len, alts)) for alts in g.rules))
     rules: dict[int, list[list[int]]] = {i: [list(a) for a in alts] for i, alts in enumerate(g.rules)}
     names = list(g.names)
 

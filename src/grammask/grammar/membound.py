@@ -12,7 +12,9 @@ grow, before the next step allocates more:
 part                   charged by                                     estimate
 =====================  =============================================  ===========================
 ``regex nodes``        ``ExprSet._mk``: a new hash-consed node        :data:`NODE_BYTES` each
+                       (counted, charged every :data:`NODE_BATCH`)
 ``regex derivatives``  ``ExprSet.deriv``: a new memoised derivative   :data:`DERIV_BYTES` each
+                       (counted, charged every :data:`DERIV_BATCH`)
 ``grammar rules``      ``Grammar.nonterminal``/``define``/            :data:`RULE_BYTES` per rule,
                        ``add_alternative``                            :data:`ALT_BYTES` per
                                                                       alternative,
@@ -49,6 +51,11 @@ DEFAULT_MAX_COMPILE_MEMORY_BYTES = 256 << 20
 NODE_BYTES = 240
 #: one memoised derivative (an int key ``e << 8 | byte`` and its dict slot)
 DERIV_BYTES = 72
+#: regex nodes and derivatives, and the grammar's rules, the hot paths, are counted as they are
+#: made and charged in batches: of this many nodes, derivatives, bytes of rules (about 256 KiB each)
+NODE_BATCH = 1024
+DERIV_BATCH = 4096
+RULES_BATCH = 256 << 10
 #: one nonterminal: its name, index entry and the slots of the rule lists
 RULE_BYTES = 168
 #: one alternative (a list object and its slot)
@@ -59,7 +66,7 @@ SYMBOL_BYTES = 16
 
 def alternatives_bytes(alternatives) -> int:
     """The estimate for a rule's list of alternatives."""
-    return 56 + sum(ALT_BYTES + SYMBOL_BYTES * len(a) for a in alternatives)
+    return 56 + ALT_BYTES * len(alternatives) + SYMBOL_BYTES * sum(map(len, alternatives))
 
 
 def mib(n: float) -> str:
@@ -68,15 +75,28 @@ def mib(n: float) -> str:
 
 class CompileMemory:
     """The running estimate of one compile: ``total`` bytes, ``parts`` by name, against
-    ``limit`` (``None``: unbounded, only measured)."""
+    ``limit`` (``None``: unbounded, only measured). ``nodes``, ``derivs`` and ``rules`` count
+    the regex nodes, derivatives and bytes of grammar rules not charged yet (see :meth:`flush`)."""
 
-    __slots__ = ("limit", "parent", "total", "parts")
+    __slots__ = ("limit", "parent", "total", "parts", "nodes", "derivs", "rules")
 
     def __init__(self, limit: int | None, parent: "CompileMemory | None" = None):
         self.limit = limit
         self.parent = parent
         self.total = 0
         self.parts: dict[str, int] = {}
+        self.nodes = self.derivs = self.rules = 0
+
+    def flush(self) -> None:
+        """Charge the regex nodes, derivatives and grammar rules counted since the last flush."""
+        n, d, r = self.nodes, self.derivs, self.rules
+        self.nodes = self.derivs = self.rules = 0
+        if r:
+            self.charge("grammar rules", r)
+        if n:
+            self.charge("regex nodes", n * NODE_BYTES)
+        if d:
+            self.charge("regex derivatives", d * DERIV_BYTES)
 
     def charge(self, what: str, nbytes: int) -> None:
         m = self
@@ -101,13 +121,18 @@ _active: ContextVar[CompileMemory | None] = ContextVar("grammask_compile_memory"
 @contextmanager
 def compile_memory_bound(limit: int | None):
     """Make a :class:`CompileMemory` of bound ``limit`` active in this thread for the block
-    (within any active one) and yield it."""
+    (within any active one) and yield it; what is left counted is charged at its end."""
     m = CompileMemory(limit, _active.get())
     token = _active.set(m)
     try:
         yield m
+        m.flush()
     finally:
         _active.reset(token)
+
+
+#: the active :class:`CompileMemory` of this thread, or None (``ExprSet`` counts into it)
+current = _active.get
 
 
 def charge(what: str, nbytes: int) -> None:
