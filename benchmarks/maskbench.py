@@ -10,7 +10,10 @@ grammar must be able to stop there); an invalid one must be rejected somewhere.
 
 TTFM (time to first mask) = compile + the first mask. TBM (time between masks) = one later mask
 plus the commit of its token. Warm TBM: every mask and commit of a second pass over the same
-instances with the compiled grammar kept (the steady state of a server that sees a schema again). Each engine runs in its own worker process; every schema has a time
+instances with the compiled grammar kept (the steady state of a server that sees a schema again).
+Peak RSS: the largest ``ru_maxrss`` of the engine's worker processes, once its tokenizer is loaded
+and over the run (a worker killed after a timeout or crash reports nothing). Each engine runs in
+its own worker process; every schema has a time
 limit covering its compile and all its masks, and a crash or hang of one schema is recorded and
 the worker restarted, so the run always finishes. "compile errors": the engine refused the schema
 (an exception from compile or the first mask); "mask errors": an exception from a later mask or
@@ -34,6 +37,7 @@ import bisect
 import json
 import multiprocessing as mp
 import os
+import resource
 import sys
 import time
 import traceback
@@ -336,13 +340,17 @@ def _run_tests(engine, compiled, first, tests, out, warm: bool = False) -> None:
         out["tests"].append((valid, accepted))
 
 
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
 def worker(name: str, tok_path: str, conn) -> None:
     try:
         engine = ENGINE_CLASSES[name](tok_path)
     except Exception:  # noqa: BLE001
         conn.send(("init_error", traceback.format_exc()))
         return
-    conn.send(("ready", None))
+    conn.send(("ready", _peak_rss_mib()))
     while True:
         msg = conn.recv()
         if msg is None:
@@ -353,6 +361,7 @@ def worker(name: str, tok_path: str, conn) -> None:
         except Exception as e:  # noqa: BLE001
             res = {"compile_error": None, "crash": f"{type(e).__name__}: {e}", "ttfm_us": None,
                    "tbm_us": [], "tests": []}
+        res["peak_rss_mib"] = _peak_rss_mib()
         conn.send(("result", res))
 
 
@@ -361,6 +370,7 @@ class Worker:
         self.name, self.tok_path = name, tok_path
         self.ctx = mp.get_context("spawn")
         self.proc = None
+        self.starts, self.ready_rss_mib = 0, 0.0   # worker processes started; their largest peak RSS when ready
         self.start()
 
     def start(self) -> None:
@@ -372,6 +382,8 @@ class Worker:
         kind, payload = self.conn.recv()
         if kind != "ready":
             raise SystemExit(f"{self.name}: worker failed to start:\n{payload}")
+        self.starts += 1
+        self.ready_rss_mib = max(self.ready_rss_mib, payload)
 
     def run(self, sid, schema, tests, timeout: float, order_s: float = 0.0) -> dict:
         try:
@@ -440,6 +452,7 @@ def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
         per_split[sp][0] += ok
         per_split[sp][1] += 1
     s["per_split"] = dict(per_split)
+    s["peak_rss_mib"] = max((r["peak_rss_mib"] for r in results if "peak_rss_mib" in r), default=float("nan"))
     # per schema: did it compile and run, and its (valid, accepted) outcomes, to compare engines
     # on the schemas they all handle
     s["ran"] = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash")
@@ -502,6 +515,10 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
         rows.append([s["engine"], len(v), fmt(sum(v) / len(v) if v else float("nan"), 2)]
                     + [fmt(pct(v, q), 2) for q in qs[:-1]] + [fmt(v[-1] if v else float("nan"), 2)])
     lines += ["### TTFM: compile + first mask (ms)", "", md_table(head, rows), ""]
+    rows = [[s["engine"], fmt(s.get("ready_rss_mib", float("nan")), 0), fmt(s["peak_rss_mib"], 0),
+             s.get("workers", "-")] for s in summaries]
+    lines += ["### Peak RSS of the engine's worker process (MiB)", "",
+              md_table(["engine", "tokenizer loaded", "over the run", "worker processes"], rows), ""]
     base = {s["engine"]: s for s in summaries}
     if "grammask" in base and len(base) > 1:
         g = base["grammask"]
@@ -619,6 +636,7 @@ def main(argv=None) -> None:
                 print(f"  {name}: {k + 1}/{len(tasks)} schemas, {time.time() - t0:.0f} s", file=sys.stderr)
         w.close()
         s = summarize(name, results, [t[1] for t in tasks])
+        s["ready_rss_mib"], s["workers"] = w.ready_rss_mib, w.starts
         s["failures"] = [(t[0], "timeout" if r.get("timeout") else "crash" if r.get("crash")
                           else f"mask error: {r['mask_error']}" if r.get("mask_error")
                           else f"compile error: {r['compile_error']}" if r.get("compile_error") else None)

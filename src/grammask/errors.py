@@ -48,6 +48,21 @@ class GrammarTooComplexError(GrammarError):
     """A compile-time bound (automaton states, rules, time) was exceeded."""
 
 
+class GrammarMemoryError(GrammarTooComplexError):
+    """A compile-time memory bound was exceeded: the estimate of what a compile holds went past
+    ``GrammarCompiler(max_compile_memory_bytes=...)``, or (a last resort at mask time, for
+    pathologically ambiguous grammars) an Earley parse stack went past its bound. Carries
+    ``what`` (the part that grew past the bound), ``used_bytes`` and ``limit_bytes``."""
+
+    def __init__(self, message: str, what: str | None = None, used_bytes: int | None = None,
+                 limit_bytes: int | None = None):
+        self.what, self.used_bytes, self.limit_bytes = what, used_bytes, limit_bytes
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.what, self.used_bytes, self.limit_bytes)
+
+
 class UnsupportedSchemaError(GrammarError):
     """A JSON Schema keyword we cannot enforce. Carries ``keyword`` and ``pointer``."""
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import EmptyLanguageError, GrammarTooComplexError, UndefinedRuleError
+from .membound import ALT_BYTES, RULE_BYTES, RULES_BATCH, SYMBOL_BYTES, alternatives_bytes, charge, current
 from .regexset import CONCAT, EPS, INF, OR, REPEAT, ExprSet
 
 # flat symbol encoding in the Earley tables
@@ -62,6 +63,11 @@ class Grammar:
     def nonterminal(self, name: str, where: tuple[int, int] | None = None) -> int:
         i = self.index.get(name)
         if i is None:
+            m = current()   # the compile memory bound (membound.py), counted in batches
+            if m is not None:
+                m.rules += RULE_BYTES
+                if m.rules >= RULES_BATCH:
+                    m.flush()
             i = len(self.names)
             self.names.append(name)
             self.index[name] = i
@@ -78,10 +84,20 @@ class Grammar:
         return self.nonterminal(name)
 
     def define(self, nt: int, alternatives: list[list[int]]) -> int:
+        m = current()
+        if m is not None:
+            m.rules += 56 + ALT_BYTES * len(alternatives) + SYMBOL_BYTES * sum(map(len, alternatives))
+            if m.rules >= RULES_BATCH:
+                m.flush()
         self.rules[nt] = [list(a) for a in alternatives]
         return nt
 
     def add_alternative(self, nt: int, alt: list[int]) -> None:
+        m = current()
+        if m is not None:
+            m.rules += ALT_BYTES + SYMBOL_BYTES * len(alt)
+            if m.rules >= RULES_BATCH:
+                m.flush()
         if self.rules[nt] is None:
             self.rules[nt] = []
         self.rules[nt].append(list(alt))
@@ -138,10 +154,16 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
             w = g.where[i]
             raise UndefinedRuleError(f"rule {g.names[i]!r} is referenced but not defined",
                                      *(w if w else (None, None)))
+    # the working copy lowering rewrites (the grammar itself is kept: both are held)
+    charge("lowered rules", len(g.rules) * (RULE_BYTES + 56)
+           + sum(ALT_BYTES * len(alts) + SYMBOL_BYTES * sum(map(len, alts)) for alts in g.rules))
     rules: dict[int, list[list[int]]] = {i: [list(a) for a in alts] for i, alts in enumerate(g.rules)}
     names = list(g.names)
 
     def fresh(prefix: str) -> int:
+        # a helper rule of lowering (an optional, a split union or repetition): its name and a
+        # small rule (a split union charges its alternatives itself)
+        charge("lowered rules", RULE_BYTES + alternatives_bytes(((0,), ())))
         names.append(f"{prefix}#{len(names)}")
         return len(names) - 1
 
@@ -563,6 +585,7 @@ def _split(ex: ExprSet, e: int, rules, fresh, hint: int | None = None) -> list[i
     if k == OR:
         nt = fresh("alt")
         rules[nt] = [[] if x == EPS else [~x] for x in ex.args[e]]
+        charge("lowered rules", alternatives_bytes(rules[nt]))
         return [nt]
     if k == REPEAT:
         a, lo, hi = ex.args[e]
@@ -596,6 +619,11 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
     lo: list[int] = []
     hi: list[int] = []
     all_rules = [(remap[nt], rules[nt]) for nt in nts] + [(start, [[root_id]])]
+    n_prods = sum(len(alts) for _, alts in all_rules)
+    n_pos = n_prods + sum(len(a) for _, alts in all_rules for a in alts)
+    # sym and end_lhs per position, prod_start per production, nt_prod_lo/hi and nullable (uint8,
+    # and the int32 copy of grammar_tables) per nonterminal
+    charge("Earley tables", 8 * n_pos + 4 * n_prods + 13 * (start + 1))
     for new_nt, alts in all_rules:
         lo.append(len(prod_start))
         for a in alts:

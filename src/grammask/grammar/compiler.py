@@ -6,6 +6,12 @@ compile it once (the others wait for it); compiled grammars are kept in the comp
 (:class:`~.cache.GrammarCache`) keyed by ``(kind, canonical text, options)``. A caller with its own
 notion of "the same grammar" (the chat engine: a request's ``response_format``) caches under its
 own key with :meth:`GrammarCompiler.get_or_compile`; compiles run inside it are not cached again.
+
+Every compile is bounded in memory: an estimate of what it holds (regex nodes and derivatives,
+grammar rules, lowered rules, Earley and lexer tables; see :mod:`.membound`) is charged as it
+grows, and going past ``max_compile_memory_bytes`` (default 256 MiB) raises
+:class:`~grammask.errors.GrammarMemoryError` naming the part and the figures. So does a
+``MemoryError`` while compiling.
 """
 from __future__ import annotations
 
@@ -14,12 +20,13 @@ import threading
 from contextlib import contextmanager
 from typing import Callable
 
-from ..errors import GrammarTooComplexError
+from ..errors import GrammarMemoryError, GrammarTooComplexError
 from .builtin import DEFAULT_MAX_WHITESPACE, json_grammar
 from .cache import GrammarCache
 from .cfg import Grammar
 from .compiled import CompiledGrammar
 from .lexer import MAX_LEXER_STATES
+from .membound import DEFAULT_MAX_COMPILE_MEMORY_BYTES, compile_memory_bound, mib
 from .regexset import ExprSet
 
 #: a compiler starts a new shared ExprSet once the current one holds this many expressions. The
@@ -49,11 +56,38 @@ def _depth_bounded(what: str):
     return wrap
 
 
+def _lexer_bytes(lx) -> int:
+    return int(lx.trans.nbytes + lx.state_acc.nbytes + lx.expanded.nbytes + lx.acc_off.nbytes
+               + lx.acc_lex.nbytes + lx.st_keys.nbytes + lx.st_vals.nbytes)
+
+
+@contextmanager
+def _memory_bounded(limit: int | None):
+    """A compile under the memory bound ``limit`` (see :mod:`.membound`); a ``MemoryError``
+    inside is a :class:`GrammarMemoryError` too."""
+    with compile_memory_bound(limit) as mem:
+        try:
+            yield mem
+        except MemoryError:
+            raise GrammarMemoryError(
+                f"the compile ran out of memory (MemoryError) at an estimate of {mib(mem.total)}",
+                what="MemoryError", used_bytes=mem.total, limit_bytes=limit) from None
+
+
 class GrammarCompiler:
+    """Compiles grammars for one tokenizer (see the module docstring).
+
+    ``max_compile_memory_bytes``: the bound on the estimate of what one compile holds (default
+    :data:`~.membound.DEFAULT_MAX_COMPILE_MEMORY_BYTES`, 256 MiB; ``None``: unbounded); past it,
+    :class:`~grammask.errors.GrammarMemoryError`. The grammars of MaskBench estimate at most a few
+    MiB (benchmarks/RESULTS.md, memory.py)."""
+
     def __init__(self, tokenizer_info, *, cache_size: int = 128, max_threads: int = 8,
                  cache_enabled: bool = True, max_shared_exprs: int = EXPRS_RESET_NODES,
-                 max_lexer_states: int = MAX_LEXER_STATES):
+                 max_lexer_states: int = MAX_LEXER_STATES,
+                 max_compile_memory_bytes: int | None = DEFAULT_MAX_COMPILE_MEMORY_BYTES):
         self.tokenizer_info = tokenizer_info
+        self.max_compile_memory_bytes = max_compile_memory_bytes
         self.cache_size = cache_size
         self.cache_enabled = cache_enabled and cache_size > 0
         self.cache = GrammarCache(cache_size if self.cache_enabled else 0)
@@ -81,8 +115,12 @@ class GrammarCompiler:
         separates everything that changes the grammar); ``build`` runs in the caller's thread on a
         miss, and the compiles it runs through this compiler are not cached under their own keys.
         With ``cache_size=0`` every call builds (and counts a miss)."""
+        def bounded():
+            with _memory_bounded(self.max_compile_memory_bytes):
+                return build()
+
         with self.uncached():
-            return self.cache.get_or_compile(key, build)
+            return self.cache.get_or_compile(key, bounded)
 
     @contextmanager
     def uncached(self):
@@ -96,10 +134,17 @@ class GrammarCompiler:
     def _caching(self) -> bool:
         return self.cache_enabled and not getattr(self._local, "depth", 0)
 
+    def _bounded(self, build: Callable[[], CompiledGrammar]) -> CompiledGrammar:
+        """``build()`` under this compiler's memory bound; its lexer tables are charged last."""
+        with _memory_bounded(self.max_compile_memory_bytes) as mem:
+            cg = build()
+            mem.charge("lexer tables", _lexer_bytes(cg.lexer))
+        return cg
+
     def _cached(self, key: tuple, build) -> CompiledGrammar:
         if not self._caching():
-            return build()
-        return self.cache.get_or_compile(key, build)[0]
+            return self._bounded(build)
+        return self.cache.get_or_compile(key, lambda: self._bounded(build))[0]
 
     def clear_cache(self) -> None:
         self.cache.clear()
@@ -121,7 +166,8 @@ class GrammarCompiler:
     def compile_grammar(self, ebnf: str | Grammar, root: str = "root") -> CompiledGrammar:
         """An EBNF/GBNF grammar text (or a :class:`Grammar` built in code)."""
         if isinstance(ebnf, Grammar):
-            return CompiledGrammar(ebnf, self.tokenizer_info, max_lexer_states=self.max_lexer_states, root=root, kind="grammar")
+            return self._bounded(lambda: CompiledGrammar(ebnf, self.tokenizer_info, max_lexer_states=self.max_lexer_states,
+                                                         root=root, kind="grammar"))
 
         def build():
             from .ebnf import parse_ebnf

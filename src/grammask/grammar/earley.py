@@ -35,6 +35,16 @@ from .lexer import lexeme_set_hash, lookup_start
 
 OK, REJECT, MISSING, GROW_ITEMS, GROW_ROWS, GROW_HASH = 0, 1, 2, 3, 4, 5
 
+#: bytes one parse stack (items, rows and the item hash of a row) may hold: a request to grow it
+#: past this is a :class:`~grammask.errors.GrammarMemoryError` at mask time. A last resort for
+#: pathologically ambiguous grammars (``S ::= S S | "a"`` holds O(n) items per row, O(n^2) in
+#: all): the compile's own bound (:mod:`.membound`) trips at compile time, where every other
+#: bound is; a JSON output of 100,000 lexemes holds some tens of MiB.
+MAX_PARSE_STACK_BYTES = 1 << 30
+#: slots of the item hash of one row (it is sized by the row's items): the bound on items in one
+#: row, 2^24 slots (192 MiB)
+MAX_ROW_HASH_SLOTS = 1 << 24
+
 
 #: the grammar tables of :class:`~.cfg.FlatGrammar` (``nullable`` as int32)
 GrammarTables = namedtuple("GrammarTables", "sym end_lhs prod_start nt_lo nt_hi nullable")
@@ -291,23 +301,46 @@ class ParseStack:
             hkeys=np.zeros(hash_size, np.int64))
 
     def grow(self, status: int) -> None:
+        """Grow the array a kernel found full: items and rows x2, the row's item hash x4; past
+        :data:`MAX_PARSE_STACK_BYTES` in all, or :data:`MAX_ROW_HASH_SLOTS`,
+        :class:`~grammask.errors.GrammarMemoryError` (the stack is left as it was)."""
         a = self.arrays
         if status == GROW_ITEMS:
             n = 2 * a.it_pos.shape[0]
+            self._check("Earley items", n * 8 - a.it_pos.nbytes - a.it_org.nbytes)
             a = a._replace(it_pos=_resized(a.it_pos, n), it_org=_resized(a.it_org, n))
         elif status == GROW_ROWS:
             n = 2 * a.row_ls.shape[0]
+            self._check("Earley rows", n * 16 + 4 - a.row_beg.nbytes - a.row_ls.nbytes - a.row_key.nbytes
+                        - a.row_acc.nbytes)
             a = a._replace(row_beg=_resized(a.row_beg, n + 1), row_ls=_resized(a.row_ls, n, -2),
                            row_key=_resized(a.row_key, n, -1), row_acc=_resized(a.row_acc, n))
         elif status == GROW_HASH:
             n = 4 * a.hkeys.shape[0]
-            if n > (1 << 26):
-                from ..errors import GrammarTooComplexError
-                raise GrammarTooComplexError("an Earley row grew beyond its bound")
+            if n > MAX_ROW_HASH_SLOTS:
+                self._exceeded("Earley items of one row (its item hash)", n * 12, MAX_ROW_HASH_SLOTS * 12)
+            self._check("Earley items of one row (its item hash)", n * 12 - a.hstamp.nbytes - a.hkeys.nbytes)
             a = a._replace(hstamp=np.zeros(n, np.int32), hkeys=np.zeros(n, np.int64))
         else:  # pragma: no cover
             raise AssertionError(status)
         self.arrays = a
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(x.nbytes for x in self.arrays))
+
+    def _check(self, what: str, more: int) -> None:
+        if self.nbytes + more > MAX_PARSE_STACK_BYTES:
+            self._exceeded(what, self.nbytes + more, MAX_PARSE_STACK_BYTES)
+
+    @staticmethod
+    def _exceeded(what: str, used: int, limit: int):
+        from ..errors import GrammarMemoryError
+
+        raise GrammarMemoryError(
+            f"the Earley parse stack's memory bound was exceeded: {what} would take it to "
+            f"{used / (1 << 20):.1f} MiB, over {limit / (1 << 20):.1f} MiB (a pathologically "
+            f"ambiguous grammar)", what=what, used_bytes=used, limit_bytes=limit)
 
     def copy(self) -> "ParseStack":
         new = object.__new__(ParseStack)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import threading
 
 from ..errors import GrammarTooComplexError
+from .membound import DERIV_BATCH, NODE_BATCH, current
 
 EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
 KIND_NAMES = ("EMPTY", "EPS", "BYTES", "CONCAT", "OR", "AND", "NOT", "REPEAT")
@@ -126,6 +127,11 @@ class ExprSet:
         i = len(self.kind)
         if i >= self.max_nodes:
             raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
+        m = current()   # the compile memory bound (membound.py), counted in batches
+        if m is not None:
+            m.nodes += 1
+            if m.nodes >= NODE_BATCH:
+                m.flush()
         if kind == EMPTY or kind == BYTES:
             nul, hb = False, False
         elif kind == EPS:
@@ -318,6 +324,11 @@ class ExprSet:
         else:
             x, lo, hi = self.args[e]
             r = self._concat2(self.deriv(x, b), self.repeat(x, max(lo - 1, 0), INF if hi == INF else hi - 1))
+        m = current()
+        if m is not None:
+            m.derivs += 1
+            if m.derivs >= DERIV_BATCH:
+                m.flush()
         self._deriv[key] = r
         return r
 
