@@ -63,9 +63,10 @@ NOTE = (
     "compile holds, not the allocator's slack or the compile's transients. What grows with use is the "
     "lexer: masks build lexer states (a 1 KiB transition row each, in `memory_size_bytes`) with their "
     "regex derivatives and slice proofs, bounded per grammar by the lexer generations "
-    "(`max_lexer_states`, docs/lexer.md). The compiler's grammar cache is bounded in entries, not "
-    "bytes, and each cached grammar keeps its lexer and the ExprSet it was built in: the two rows of "
-    "the one-process table (the default cache of 128 grammars, and none) show what that costs.")
+    "(`max_lexer_states`, docs/lexer.md). `CompiledGrammar.held_bytes()` estimates all of it (tables, "
+    "states, what the lexer added to its ExprSet); the compiler's grammar cache is bounded by it "
+    "(`cache_max_bytes`, 256 MiB by default) as well as in entries: the rows of the one-process table "
+    "show the default cache, the same 128 entries without the byte bound, and no cache.")
 MIB = 1 << 20
 
 
@@ -286,11 +287,13 @@ def setup_llama3(data_dir: Path, every: int, max_schemas: int | None, **compiler
     return tasks, compiler, bitmask
 
 
-def sequential(data_dir: Path, every: int, max_schemas: int | None, cache_size: int) -> dict:
+def sequential(data_dir: Path, every: int, max_schemas: int | None, cache_size: int,
+               cache_max_bytes: int | None) -> dict:
     """Run in a fresh interpreter (``--sequential-child``): the whole sample in one process, as
     a server would (one compiler: its cache of ``cache_size`` grammars, its shared ExprSet); its
     RSS and peak."""
-    tasks, compiler, bitmask = setup_llama3(data_dir, every, max_schemas, cache_size=cache_size)
+    tasks, compiler, bitmask = setup_llama3(data_dir, every, max_schemas, cache_size=cache_size,
+                                            cache_max_bytes=cache_max_bytes)
     out = {"rss_setup": rss_mib(), "peak_setup": peak_rss_mib(), "failed": 0}
     t0 = time.time()
     for _sid, schema, tests in tasks:
@@ -300,7 +303,8 @@ def sequential(data_dir: Path, every: int, max_schemas: int | None, cache_size: 
             out["failed"] += 1
     gc.collect()
     out.update(rss_end=rss_mib(), peak=peak_rss_mib(), seconds=time.time() - t0, schemas=len(tasks),
-               exprs_resets=compiler.exprs_resets)
+               exprs_resets=compiler.exprs_resets, cache_held=compiler.cache.held_bytes,
+               cache_evictions=compiler.cache.evictions)
     return out
 
 
@@ -326,6 +330,7 @@ def _grammar_child(compiler, bitmask, schema, tests) -> dict:
         res["mask_error"] = type(e).__name__
         return res
     res["memory_size"] = cg.memory_size_bytes
+    res["held"] = cg.held_bytes()
     res["lexer_states"] = cg.lexer.n_states
     res["rss_masks"] = settled_anon_rss_mib() - r0
     return res
@@ -386,7 +391,8 @@ def grammar_tables(data_dir: Path, every: int, timeout: float, max_schemas: int 
 
     rows = [
         ["compile memory estimate (membound)"] + dist([r["estimate"] for r in ok], 1 / MIB),
-        ["`CompiledGrammar.memory_size_bytes` after the masks"] + dist([r["memory_size"] for r in ok], 1 / MIB),
+        ["`CompiledGrammar.memory_size_bytes` (its arrays) after the masks"] + dist([r["memory_size"] for r in ok], 1 / MIB),
+        ["`CompiledGrammar.held_bytes()` (the cache's estimate) after the masks"] + dist([r["held"] for r in ok], 1 / MIB),
         ["RSS growth (anonymous): compile"] + dist([r["rss_compile"] for r in ok]),
         ["RSS growth (anonymous): compile + the tests' masks"] + dist([r["rss_masks"] for r in ok]),
     ]
@@ -404,7 +410,8 @@ def grammar_tables(data_dir: Path, every: int, timeout: float, max_schemas: int 
         "max_estimate": max((r["estimate"] for r in ok), default=0),
         "max_refused": max(((r["estimate"], r["id"], r["error"]) for r in results if "error" in r), default=None),
         "bound": DEFAULT_MAX_COMPILE_MEMORY_BYTES, "seconds": time.time() - t0,
-        "top": [(r["id"], r["rss_masks"], r["memory_size"] / MIB, r["lexer_states"], r["estimate"] / MIB) for r in top],
+        "top": [(r["id"], r["rss_masks"], r["held"] / MIB, r["memory_size"] / MIB, r["lexer_states"], r["estimate"] / MIB)
+                for r in top],
     }
     return table, summary
 
@@ -422,6 +429,8 @@ def git_commit() -> str:
 
 
 def main(argv=None) -> int:
+    from grammask.grammar.cache import DEFAULT_CACHE_MAX_BYTES
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("data", nargs="?", default=str(DEFAULT_MASKBENCH))
     ap.add_argument("--every", type=int, default=20)
@@ -433,12 +442,14 @@ def main(argv=None) -> int:
     ap.add_argument("--tokenizer-child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sequential-child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--cache-size", type=int, default=128, help=argparse.SUPPRESS)
+    ap.add_argument("--cache-max-bytes", type=int, default=-1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.tokenizer_child:
         print(json.dumps(measure_tokenizer(args.tokenizer_child)))
         return 0
     if args.sequential_child:
-        print(json.dumps(sequential(Path(args.data), args.every, args.max_schemas, args.cache_size)))
+        print(json.dumps(sequential(Path(args.data), args.every, args.max_schemas, args.cache_size,
+                                    None if args.cache_max_bytes < 0 else args.cache_max_bytes)))
         return 0
     names = [n for n in args.tokenizers.split(",") if n]
     t_tok, _ = tokenizer_table(names)
@@ -458,8 +469,9 @@ def main(argv=None) -> int:
     if not args.skip_grammars:
         t_g, s = grammar_tables(Path(args.data), args.every, args.timeout, args.max_schemas)
         errs = ", ".join(f"{k} {v}" for k, v in sorted(s["errors"].items())) or "none"
-        top = md_table(["schema", "RSS growth (MiB)", "memory_size_bytes (MiB)", "lexer states", "estimate (MiB)"],
-                       [[i, fmt(g, 1), fmt(m, 2), n, fmt(e, 2)] for i, g, m, n, e in s["top"]])
+        top = md_table(["schema", "RSS growth (MiB)", "held_bytes() (MiB)", "memory_size_bytes (MiB)", "lexer states",
+                        "compile estimate (MiB)"],
+                       [[i, fmt(g, 1), fmt(h, 1), fmt(m, 2), n, fmt(e, 2)] for i, g, h, m, n, e in s["top"]])
         parts += [
             f"### Compiled grammars: MaskBench 1 in {args.every} (Llama-3)",
             f"{s['schemas']} schemas of `{args.data}`, each compiled and its tests masked in a forked child of a "
@@ -478,19 +490,22 @@ def main(argv=None) -> int:
             top,
         ]
         rows = []
-        for cache_size in (128, 0):
-            argv = ["--sequential-child", args.data, "--every", str(args.every), "--cache-size", str(cache_size)]
+        for cache_size, max_bytes in ((128, DEFAULT_CACHE_MAX_BYTES), (128, -1), (0, -1)):
+            argv = ["--sequential-child", args.data, "--every", str(args.every), "--cache-size", str(cache_size),
+                    "--cache-max-bytes", str(max_bytes)]
             if args.max_schemas:
                 argv += ["--max-schemas", str(args.max_schemas)]
             q = run_child(*argv)
-            rows.append([cache_size, fmt(q["rss_setup"]), fmt(q["rss_end"]), f"**{fmt(q['peak'])}**",
-                         q["exprs_resets"], q["failed"], fmt(q["seconds"], 0)])
+            rows.append([cache_size, "none" if max_bytes < 0 else f"{max_bytes / MIB:.0f} MiB", fmt(q["rss_setup"]),
+                         fmt(q["rss_end"]), f"**{fmt(q['peak'])}**", fmt(q["cache_held"] / MIB),
+                         q["cache_evictions"], q["exprs_resets"], q["failed"], fmt(q["seconds"], 0)])
         parts += [
             f"The same {q['schemas']} schemas one after the other in one fresh process, as a server would (one "
             "`GrammarCompiler`; RSS in MiB: when ready, with Llama-3 loaded and the kernels warm, after the "
             "last schema, and the process's peak):",
-            md_table(["grammar cache (entries)", "RSS ready", "RSS after the last schema", "peak RSS",
-                      "shared ExprSet restarts", "refused or failed", "seconds"], rows),
+            md_table(["grammar cache: entries", "bytes (held_bytes)", "RSS ready", "RSS after the last schema",
+                      "peak RSS", "cache held_bytes at the end", "evictions", "shared ExprSet restarts",
+                      "refused or failed", "seconds"], rows),
             NOTE,
         ]
         print("\n\n".join(parts[-6:]))

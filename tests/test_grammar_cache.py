@@ -40,7 +40,10 @@ def test_get_or_compile_caches_under_the_callers_key_only():
     cg2, hit2 = c.get_or_compile(("mine", 1), lambda: pytest.fail("must not build on a hit"))
     assert hit2 and cg2 is cg
     assert c.compile_regex("ab") is not cg   # outside get_or_compile the front end caches again
-    assert c.cache.info == {"size": 2, "max_size": 128, "hits": 1, "misses": 2}
+    info = c.cache.info
+    assert {k: info[k] for k in ("size", "max_size", "hits", "misses", "evictions")} == \
+        {"size": 2, "max_size": 128, "hits": 1, "misses": 2, "evictions": 0}
+    assert info["max_bytes"] == 256 << 20 and 0 < info["held_bytes"] < info["max_bytes"]
 
 
 def test_concurrent_callers_compile_once():
@@ -97,3 +100,95 @@ def test_compile_structural_tag():
     assert c.compile_structural_tag(spec, strict=True) is not cg
     assert c.compile_structural_tag(spec, whitespace="compact") is not cg
     assert c.cache_info["size"] == 3
+
+
+# ---------------------------------------------------------------------------- the byte bound
+class _Sized:
+    """Stands for a compiled grammar: the cache only asks it what it holds."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def held_bytes(self) -> int:
+        return self.n
+
+
+def test_the_byte_bound_evicts_least_recently_used_and_keeps_the_newest():
+    from grammask.grammar.cache import GrammarCache
+
+    c = GrammarCache(max_size=100, max_bytes=1000)
+    a, b = _Sized(400), _Sized(400)
+    c.get_or_compile("a", lambda: a)
+    c.get_or_compile("b", lambda: b)
+    assert len(c) == 2 and c.held_bytes == 800 and c.evictions == 0
+    assert c.get_or_compile("a", lambda: pytest.fail("a is cached")) == (a, True)   # a is now the newest
+    c.get_or_compile("c", lambda: _Sized(300))   # 1100 > 1000: b, least recently used, goes
+    assert "b" not in c and "a" in c and "c" in c and c.evictions == 1
+    # one grammar larger than the bound is still cached (and served); the others make room
+    big = _Sized(5000)
+    assert c.get_or_compile("big", lambda: big) == (big, False)
+    assert len(c) == 1 and "big" in c and c.evictions == 3
+    assert c.get_or_compile("big", lambda: pytest.fail("big is cached"))[1] is True
+
+
+def test_sizes_are_read_again_as_cached_grammars_grow():
+    from grammask.grammar.cache import GrammarCache
+
+    c = GrammarCache(max_size=100, max_bytes=1000)
+    a = _Sized(100)
+    c.get_or_compile("a", lambda: a)
+    c.get_or_compile("b", lambda: _Sized(100))
+    assert len(c) == 2
+    a.n = 950   # its lexer grew while it was used
+    c.get_or_compile("b", lambda: pytest.fail("b is cached"))   # a lookup re-reads the sizes
+    assert "a" not in c and "b" in c
+
+
+def test_no_byte_bound_and_failed_or_running_compiles_count_nothing():
+    from grammask.grammar.cache import GrammarCache
+
+    c = GrammarCache(max_size=100, max_bytes=None)
+    for k in range(5):
+        c.get_or_compile(k, lambda: _Sized(10 ** 9))
+    assert len(c) == 5 and c.evictions == 0
+    c = GrammarCache(max_size=100, max_bytes=1000)
+    with pytest.raises(ValueError):
+        c.get_or_compile("bad", lambda: (_ for _ in ()).throw(ValueError("no")))
+    assert c.held_bytes == 0 and len(c) == 0
+
+
+def test_held_bytes_of_a_real_grammar_grows_with_its_lexer_and_the_compiler_evicts_by_it():
+    c = GrammarCompiler(INFO, cache_max_bytes=None)
+    cg = c.compile_regex("[a-z]{1,40}@[a-z]{1,40}\\.(com|org)")
+    h0 = cg.held_bytes()
+    assert h0 >= cg.memory_size_bytes and cg.compile_bytes > 0
+    m = GrammarMatcher(cg)
+    for ch in "someone@example.com":
+        m.get_next_token_bitmask()
+        assert m.accept_string(ch)
+    assert cg.lexer.n_states > 30 and cg.lexer.grown_nodes > 0 and cg.lexer.n_members >= cg.lexer.n_states
+    assert cg.held_bytes() > h0
+    # a compiler whose byte bound holds about one such grammar keeps only the newest
+    bound = cg.held_bytes() + 1000
+    c2 = GrammarCompiler(INFO, cache_max_bytes=bound)
+    grammars = []
+    for k in range(3):
+        g = c2.compile_regex(f"[a-z]{{1,40}}@[a-z]{{1,40}}\\.(com|org|n{k})")
+        mk = GrammarMatcher(g)
+        for ch in "someone@example.com":
+            mk.get_next_token_bitmask()
+            mk.accept_string(ch)
+        grammars.append(g)
+    c2.compile_regex("x")   # a lookup: the grown sizes are read again
+    assert c2.cache.evictions >= 2 and c2.cache.held_bytes <= bound
+
+
+def test_what_a_first_generation_left_in_the_grammars_exprset_still_counts():
+    c = GrammarCompiler(INFO, max_lexer_states=20, cache_size=0)
+    cg = c.compile_regex("[a-z]{1,200}")
+    m = GrammarMatcher(cg)
+    for _ in range(60):
+        m.get_next_token_bitmask()
+        assert m.accept_string("q")
+    assert cg.lexer_generations >= 1 and cg._retired_bytes > 0
+    assert cg.held_bytes() >= cg._retired_bytes + cg.lexer.held_bytes()

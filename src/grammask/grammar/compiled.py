@@ -48,6 +48,9 @@ class CompiledGrammar:
         self.lexer.initial_state = self.initial_state
         self.lexer.warm_up(self.initial_state, budget=64)
         self._forest = None
+        #: the compile's memory estimate (set by the compiler that bounds it)
+        self.compile_bytes = 0
+        self._retired_bytes = 0
         self.compile_time_s = time.perf_counter() - t0
 
     @property
@@ -90,6 +93,10 @@ class CompiledGrammar:
             with self._swap_lock:
                 lx = self.lexer
                 if lx.full:
+                    if lx.exprs is self.exprs:
+                        # what the first generation added to the grammar's own ExprSet stays
+                        # there as long as the grammar does
+                        self._retired_bytes += lx.grown_exprs_bytes()
                     lx = self.lexer = lx.successor()
                     self.lexer_generations += 1
         return lx
@@ -187,6 +194,15 @@ class CompiledGrammar:
         lx = self.lexer
         return int(sum(a.nbytes for a in self.G) + lx.trans.nbytes + lx.state_acc.nbytes
                    + lx.st_keys.nbytes + lx.st_vals.nbytes)
+
+    def held_bytes(self) -> int:
+        """An estimate of the memory this grammar holds now: its Earley tables and template
+        stack, what its compile held (the :mod:`.membound` estimate, when compiled by a
+        :class:`~.compiler.GrammarCompiler`) and its current lexer generation
+        (:meth:`.Lexer.held_bytes`: it grows with use), with what its first generation left in the
+        grammar's ExprSet. The grammar cache evicts by it."""
+        return int(sum(a.nbytes for a in self.G) + self._template.nbytes + self.compile_bytes
+                   + self._retired_bytes + self.lexer.held_bytes())
 
     def __repr__(self) -> str:
         return (f"CompiledGrammar(kind={self.kind!r}, lexemes={self.flat.n_lexemes}, "

@@ -22,7 +22,7 @@ from typing import Callable
 
 from ..errors import GrammarMemoryError, GrammarTooComplexError
 from .builtin import DEFAULT_MAX_WHITESPACE, json_grammar
-from .cache import GrammarCache
+from .cache import DEFAULT_CACHE_MAX_BYTES, GrammarCache
 from .cfg import Grammar
 from .compiled import CompiledGrammar
 from .lexer import MAX_LEXER_STATES
@@ -80,17 +80,22 @@ class GrammarCompiler:
     ``max_compile_memory_bytes``: the bound on the estimate of what one compile holds (default
     :data:`~.membound.DEFAULT_MAX_COMPILE_MEMORY_BYTES`, 256 MiB; ``None``: unbounded); past it,
     :class:`~grammask.errors.GrammarMemoryError`. The grammars of MaskBench estimate at most a few
-    MiB (benchmarks/RESULTS.md, memory.py)."""
+    MiB (benchmarks/RESULTS.md, memory.py).
+
+    The grammar cache holds at most ``cache_size`` grammars and ``cache_max_bytes`` (default
+    256 MiB; ``None``: no byte bound) of what they hold, by :meth:`CompiledGrammar.held_bytes`
+    (see :mod:`.cache`)."""
 
     def __init__(self, tokenizer_info, *, cache_size: int = 128, max_threads: int = 8,
                  cache_enabled: bool = True, max_shared_exprs: int = EXPRS_RESET_NODES,
                  max_lexer_states: int = MAX_LEXER_STATES,
-                 max_compile_memory_bytes: int | None = DEFAULT_MAX_COMPILE_MEMORY_BYTES):
+                 max_compile_memory_bytes: int | None = DEFAULT_MAX_COMPILE_MEMORY_BYTES,
+                 cache_max_bytes: int | None = DEFAULT_CACHE_MAX_BYTES):
         self.tokenizer_info = tokenizer_info
         self.max_compile_memory_bytes = max_compile_memory_bytes
         self.cache_size = cache_size
         self.cache_enabled = cache_enabled and cache_size > 0
-        self.cache = GrammarCache(cache_size if self.cache_enabled else 0)
+        self.cache = GrammarCache(cache_size if self.cache_enabled else 0, cache_max_bytes)
         self._lock = threading.Lock()
         self._local = threading.local()   # .depth: inside get_or_compile / uncached() in this thread
         self._exprs = ExprSet()
@@ -138,6 +143,7 @@ class GrammarCompiler:
         """``build()`` under this compiler's memory bound; its lexer tables are charged last."""
         with _memory_bounded(self.max_compile_memory_bytes) as mem:
             cg = build()
+            cg.compile_bytes = mem.total   # the lexer is counted by the grammar's own estimate
             mem.charge("lexer tables", _lexer_bytes(cg.lexer))
         return cg
 

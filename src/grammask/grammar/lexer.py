@@ -35,11 +35,13 @@ from __future__ import annotations
 
 import weakref
 from collections import namedtuple
+from contextlib import contextmanager
 
 import numpy as np
 from numba import njit
 
 from ..errors import GrammarTooComplexError
+from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, STATE_BYTES
 from .regexset import ExprSet, pack_ids
 
 DEAD = -1
@@ -169,6 +171,11 @@ class Lexer:
         self.st_vals = np.zeros(256, dtype=np.int32)
         self._n_start = 0
         self.expanded = np.zeros(cap, dtype=np.bool_)
+        #: what this generation added to its ExprSet while it grew (expressions, memoised
+        #: derivatives, moves): counted by :meth:`counting` for :meth:`held_bytes`
+        self.grown_nodes = self.grown_derivs = self.grown_moves = 0
+        #: members over all states (a state's member tuple grows with its lexemes)
+        self.n_members = 0
         self._publish()
 
     def _publish(self) -> None:
@@ -200,6 +207,7 @@ class Lexer:
             self._grow_states(2 * self.state_acc.shape[0])
         self._states.append(members)
         self._state_ids[members] = s
+        self.n_members += len(members)
         acc = tuple(sorted({lx for lx, e in members if self.exprs.nullable(e)}))
         self.state_acc[s] = self._intern_acc(acc) if acc else -1
         return s
@@ -235,7 +243,7 @@ class Lexer:
     def expand(self, s: int, budget: int = 0) -> None:
         """Compute all 256 transitions of state ``s`` (and, breadth first, of up to ``budget``
         states it leads to that are not expanded yet)."""
-        with self.lock:
+        with self.lock, self.counting():
             todo = [s]
             done = 0
             while todo:
@@ -285,6 +293,33 @@ class Lexer:
             self.full = True
         return new
 
+    # ---------------------------------------------------------------- memory
+    @contextmanager
+    def counting(self):
+        """Count what the block adds to the ExprSet (under ``self.lock``) as this lexer's own."""
+        ex = self.exprs
+        n0, d0, m0 = len(ex), len(ex._deriv), len(self._moves_cache)
+        try:
+            yield
+        finally:
+            self.grown_nodes += max(0, len(ex) - n0)
+            self.grown_derivs += max(0, len(ex._deriv) - d0)
+            self.grown_moves += max(0, len(self._moves_cache) - m0)
+
+    def held_bytes(self) -> int:
+        """An estimate of the memory this generation holds: its arrays, its states (the member
+        tuples and their index) and what it added to its ExprSet while it grew (expressions,
+        derivatives, cached moves, slice proofs); the per-item figures of
+        :mod:`.membound`. The estimate the grammar cache's byte bound evicts by."""
+        arrays = (self.trans.nbytes + self.state_acc.nbytes + self.expanded.nbytes + self.acc_off.nbytes
+                  + self.acc_lex.nbytes + self.st_keys.nbytes + self.st_vals.nbytes)
+        return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members
+                   + self.grown_exprs_bytes())
+
+    def grown_exprs_bytes(self) -> int:
+        """The estimate of what this generation added to its ExprSet."""
+        return int(NODE_BYTES * self.grown_nodes + DERIV_BYTES * self.grown_derivs + MOVES_BYTES * self.grown_moves)
+
     # ---------------------------------------------------------------- generations
     def successor(self) -> "Lexer":
         """An empty lexer for the same lexemes over a fresh private ExprSet (see the module
@@ -315,7 +350,7 @@ class Lexer:
     # ---------------------------------------------------------------- start states
     def start_state(self, allowed: list[int] | tuple[int, ...]) -> int:
         """The start state for a sorted list of allowed lexemes (registered in the hash table)."""
-        with self.lock:
+        with self.lock, self.counting():
             allowed = sorted(set(allowed))
             lexemes = self.lexemes
             members = tuple([(lx, lexemes[lx]) for lx in allowed])

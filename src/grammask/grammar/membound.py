@@ -62,6 +62,12 @@ RULE_BYTES = 168
 ALT_BYTES = 64
 #: one symbol of an alternative (its slot and a share of the int objects)
 SYMBOL_BYTES = 16
+#: one lexer state's Python side: its tuple, the index entry and the state's slice flags
+STATE_BYTES = 400
+#: one member ``(lexeme, expression)`` of a lexer state's tuple
+MEMBER_BYTES = 80
+#: one entry of an ExprSet's lexer-moves cache (a byte-class row and its target tuples)
+MOVES_BYTES = 1400
 
 
 def alternatives_bytes(alternatives) -> int:

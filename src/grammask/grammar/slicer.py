@@ -229,7 +229,7 @@ class SliceChecker:
         """(per-slice skip flags, their combination index) for lexer state ``s``."""
         f = self._cache.get(s)
         if f is None:
-            with self.lexer.lock:
+            with self.lexer.lock, self.lexer.counting():
                 # one time budget for all the slices of a state: a state whose first proof runs
                 # out of time rarely has cheap ones after it, and the mask waits for all of them
                 deadline = time.monotonic() + STATE_PROOF_SECONDS
