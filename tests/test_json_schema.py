@@ -824,3 +824,27 @@ def test_anchors_under_names_that_are_keywords_elsewhere():
     # a "default" VALUE with an $anchor inside is data: not a schema to resolve
     with pytest.raises(InvalidSchemaError):
         compile_schema({"default": {"$anchor": "x"}, "$ref": "#x"})
+
+
+def test_format_expressions_are_built_once_and_imported_as_the_same_expressions():
+    """format_expr builds each format once per process (a private ExprSet) and imports it: the
+    import is the very expression the format's regex builds in the target set (hash-consed ids
+    equal), for every format; a fresh set gets it without parsing the regex again."""
+    from grammask.grammar import regex as regex_mod
+    from grammask.grammar.json_schema.formats import FORMATS, build_format_expr
+
+    names = sorted(FORMATS) + ["regex"]
+    for name in names:
+        ex = ExprSet()
+        assert format_expr(name, ex) == build_format_expr(name, ex), name
+    assert format_expr("no-such-format", ExprSet()) is None
+    calls = []
+    orig = regex_mod.parse_regex
+    try:
+        regex_mod.parse_regex = lambda *a, **k: calls.append(a) or orig(*a, **k)
+        ex = ExprSet()
+        for name in names:
+            assert format_expr(name, ex) is not None
+    finally:
+        regex_mod.parse_regex = orig
+    assert calls == []
