@@ -646,7 +646,9 @@ def main(argv=None) -> None:
               f"valid rejected {s['valid_rejected']}", file=sys.stderr)
     body = report(summaries, args, len(tasks), time.time() - t_start)
     body += "\n" + package_versions(["grammask", "llguidance", "xgrammar"]) + "\n"
-    body += f"\nCommand: `{command_line()}`\n\nPlot: `benchmarks/{Path(args.plot).name}`\n"
+    body += f"\nCommand: `{command_line()}`\n"
+    if not ids:   # --ids runs draw no plot
+        body += f"\nPlot: `benchmarks/{Path(args.plot).name}`\n"
     print(body)
     if not args.no_write:
         if not ids:
