@@ -106,9 +106,12 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
 
     ex = ExprSet()
     words = [parse_regex(p, ex) for p in ("[a-z]+", "[0-9]{1,5}", '"([^"\\\\]|\\\\.)*"', "true|false")]
-    lx = Lexer(ex, words)
+    lx = Lexer(ex, words, eager=None)   # the derivative construction (its moves cache)
     s = lx.start_state(list(range(len(words))))
     lx.expand(s, budget=200)
+    eager = Lexer(ex, words)            # and the compiled one (the lexemes' DFAs)
+    assert eager.eager is not None
+    eager.expand(eager.start_state(list(range(len(words)))), budget=200)
     for w in words:
         ex.min_length(w)
         ex.may_be_infinite(w)
@@ -116,7 +119,7 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
     for _ in range(5):
         gc.collect()
     for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo",
-                 "_partition_cache", "_trans", "_lexer_moves"):
+                 "_partition_cache", "_trans", "_lexer_moves", "_lexeme_dfas"):
         table = getattr(ex, name) if hasattr(ex, name) else ex.__dict__[name]
         assert not gc.is_tracked(table), (name, [(k, v) for k, v in table.items() if gc.is_tracked(k) or gc.is_tracked(v)][:3] if isinstance(table, dict) else None)
         if isinstance(table, dict):

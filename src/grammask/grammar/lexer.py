@@ -40,6 +40,8 @@ import numpy as np
 from numba import njit
 
 from ..errors import GrammarTooComplexError
+from . import lexdfa
+from .lexdfa import EagerTables, eager_expand, intern_members, new_states
 from .regexset import ExprSet, pack_ids
 
 DEAD = -1
@@ -55,6 +57,15 @@ MAX_GENERATION_NODES = 400_000
 #: a generation still in use by a running call may outgrow ``max_states`` up to this factor
 #: (and at least by 20,000 states)
 HARD_STATES_FACTOR = 8
+#: build lexer states in Numba from per-lexeme DFAs when every lexeme has a bounded one
+#: (:mod:`.lexdfa`); False: always the derivative construction in Python
+EAGER_LEXER = True
+#: states expanded speculatively (breadth first) beyond those a kernel asked for, by an eager
+#: lexer (cheap there: no derivatives, no Python objects)
+EAGER_RESOLVE_BUDGET = 64
+#: states an eager lexer expands from the initial state at compile time
+EAGER_WARM_UP_BUDGET = 256
+_AUTO = object()
 
 #: the lexer arrays a kernel reads (see the module docstring); one consistent snapshot
 LexerTables = namedtuple("LexerTables", "trans state_acc acc_off acc_lex st_keys st_vals")
@@ -139,7 +150,7 @@ class Lexer:
     """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
 
     def __init__(self, exprs: ExprSet, lexemes: list[int], max_states: int = MAX_LEXER_STATES,
-                 *, generation: int = 0):
+                 *, generation: int = 0, eager=_AUTO):
         self.exprs = exprs
         self.lexemes = list(lexemes)
         self.max_states = max(1, int(max_states))
@@ -169,6 +180,18 @@ class Lexer:
         self.st_vals = np.zeros(256, dtype=np.int32)
         self._n_start = 0
         self.expanded = np.zeros(cap, dtype=np.bool_)
+        if eager is _AUTO:
+            eager = EagerTables.build(exprs, self.lexemes) if EAGER_LEXER else None
+        #: the static tables of the compiled expansion (:mod:`.lexdfa`), or None (lazy lexer)
+        self.eager: EagerTables | None = eager
+        if eager is not None:
+            self._D = new_states(cap, 8 * cap, 64)
+            self.acc_off = np.zeros(65, dtype=np.int32)
+            self.acc_lex = np.zeros(256, dtype=np.int32)
+            nl = max(1, len(self.lexemes))
+            self._buf = np.zeros(nl, np.int32)
+            self._abuf = np.zeros(nl, np.int32)
+            self._row = np.zeros(eager.n_classes, np.int32)
         self._publish()
 
     def _publish(self) -> None:
@@ -180,10 +203,143 @@ class Lexer:
     # ---------------------------------------------------------------- states
     @property
     def n_states(self) -> int:
+        if self.eager is not None:
+            return int(self._D.cnt[0])
         return len(self._states)
 
     def state_members(self, s: int) -> tuple[tuple[int, int], ...]:
+        if self.eager is not None:
+            return tuple([(lx, self._member_expr(lx, k)) for lx, k in self._eager_members(s)])
         return self._states[s]
+
+    # ---------------------------------------------------------------- compiled expansion
+    def _eager_members(self, s: int) -> list[tuple[int, int]]:
+        """(lexeme, DFA state) of each member of state ``s`` of an eager lexer."""
+        D = self._D
+        loc = self.eager.local
+        return [loc(g) for g in D.ms_mem[D.ms_off[s]:D.ms_off[s + 1]].tolist()]
+
+    def _member_expr(self, lx: int, k: int) -> int:
+        """The expression (in this lexer's ExprSet) of DFA state ``k`` of lexeme ``lx``."""
+        E = self.eager
+        e = E.dfas[lx].exprs[k]
+        if E.exprs is not self.exprs:
+            memo = self._imports.get(E.exprs)
+            if memo is None:
+                memo = self._imports[E.exprs] = {}
+            e = self.exprs.import_expr(E.exprs, e, memo)
+        return e
+
+    def _eager_intern(self, gs: list[int]) -> int:
+        """Intern the state of sorted global DFA states ``gs`` (not expanded)."""
+        self._reserve(1, len(gs))
+        buf = self._buf
+        buf[:len(gs)] = gs
+        s = int(intern_members(buf, len(gs), self.eager.static, self.state_acc, self.acc_off,
+                               self.acc_lex, self._D, self._abuf, self.max_states, self.hard_max_states))
+        self._after_eager(s)
+        return s
+
+    def _after_eager(self, s: int) -> None:
+        if self._D.cnt[6]:
+            self.full = True
+        if s < 0:
+            raise GrammarTooComplexError(
+                f"lexer automaton exceeds {self.hard_max_states} states in one generation "
+                f"(one call needed more than {self.hard_max_states - self.max_states} new states)")
+
+    def _reserve(self, n_new: int, m: int) -> None:
+        """Room for ``n_new`` more states of at most ``m`` members (and accepted sets) in the
+        arrays the compiled expansion writes: grown (and published) where they are short."""
+        D = self._D
+        cnt = D.cnt.tolist()
+        n, mem_used, n_acc, acc_used = cnt[0], cnt[1], cnt[2], cnt[3]
+        changed = False
+        cap = self.state_acc.shape[0]
+        if n + n_new + 1 > cap:
+            while n + n_new + 1 > cap:
+                cap *= 2
+            self._grow_states(cap)   # publishes trans/state_acc/expanded
+        ms_off, ms_mem, h_keys, a_keys, queue = D.ms_off, D.ms_mem, D.h_keys, D.a_keys, D.queue
+        if ms_off.shape[0] < cap + 1:
+            ms_off = np.zeros(cap + 1, np.int64)
+            ms_off[:n + 1] = D.ms_off[:n + 1]
+            changed = True
+        if mem_used + n_new * m > ms_mem.shape[0]:
+            size = ms_mem.shape[0]
+            while mem_used + n_new * m > size:
+                size *= 2
+            ms_mem = np.zeros(size, np.int32)
+            ms_mem[:mem_used] = D.ms_mem[:mem_used]
+            changed = True
+        if 2 * (n + n_new) > h_keys.shape[0]:
+            size = h_keys.shape[0]
+            while 2 * (n + n_new) > size:
+                size *= 2
+            h_keys = np.full(size, -1, np.int32)
+            lexdfa.rehash(h_keys, ms_off, ms_mem, n)
+            changed = True
+        if queue.shape[0] < 2 * cap + 16 + n_new:
+            q = np.zeros(2 * cap + 16 + n_new, np.int32)
+            q[:queue.shape[0]] = queue
+            queue = q
+            changed = True
+        acc_off, acc_lex = self.acc_off, self.acc_lex
+        published = False
+        if n_acc + n_new + 1 >= acc_off.shape[0]:
+            size = acc_off.shape[0] - 1
+            while n_acc + n_new + 1 >= size + 1:
+                size *= 2
+            acc_off = np.zeros(size + 1, np.int32)
+            acc_off[:n_acc + 1] = self.acc_off[:n_acc + 1]
+            published = True
+        if acc_used + n_new * m > acc_lex.shape[0]:
+            size = acc_lex.shape[0]
+            while acc_used + n_new * m > size:
+                size *= 2
+            acc_lex = np.zeros(size, np.int32)
+            acc_lex[:acc_used] = self.acc_lex[:acc_used]
+            published = True
+        if 2 * (n_acc + n_new) > a_keys.shape[0]:
+            size = a_keys.shape[0]
+            while 2 * (n_acc + n_new) > size:
+                size *= 2
+            a_keys = np.full(size, -1, np.int32)
+            lexdfa.rehash(a_keys, acc_off.astype(np.int64), acc_lex, n_acc)
+            changed = True
+        if changed:
+            self._D = D._replace(ms_off=ms_off, ms_mem=ms_mem, h_keys=h_keys, a_keys=a_keys, queue=queue)
+        if published:
+            self.acc_lex, self.acc_off = acc_lex, acc_off
+            self._publish()
+
+    def _eager_expand(self, states, budget: int) -> None:
+        """Expand ``states`` (and breadth first up to ``budget`` more) in Numba (lock held)."""
+        seeds = [s for s in states if not self.expanded[s]]
+        if not seeds:
+            return
+        self._reserve(0, 0)
+        if self._D.queue.shape[0] < len(seeds) + 16:
+            self._D = self._D._replace(queue=np.zeros(2 * len(seeds) + 16, np.int32))
+        D = self._D
+        D.queue[:len(seeds)] = seeds
+        cnt = D.cnt
+        cnt[4] = 0
+        cnt[5] = len(seeds)
+        cnt[7] = 0
+        S = self.eager.static
+        C = self.eager.n_classes
+        while True:
+            st, m = eager_expand(budget, self.max_states, self.hard_max_states, S, self.trans,
+                                 self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._D,
+                                 self._buf, self._abuf, self._row)
+            if st == lexdfa.DONE:
+                self._after_eager(0)
+                return
+            if st == lexdfa.NEED_ROOM:
+                self._reserve(C, int(m))
+                continue
+            self._after_eager(-1)
 
     def _intern(self, members: tuple[tuple[int, int], ...]) -> int:
         s = self._state_ids.get(members)
@@ -230,12 +386,30 @@ class Lexer:
 
     def accepted_lexemes(self, s: int) -> tuple[int, ...]:
         k = int(self.state_acc[s])
-        return self._acc_sets[k] if k >= 0 else ()
+        if k < 0:
+            return ()
+        if self.eager is not None:
+            return tuple(self.acc_lex[self.acc_off[k]:self.acc_off[k + 1]].tolist())
+        return self._acc_sets[k]
+
+    def expand_many(self, states, budget: int = 0) -> None:
+        """Expand every state of ``states`` (an eager lexer also up to ``budget`` more, breadth
+        first: see :data:`EAGER_RESOLVE_BUDGET`)."""
+        with self.lock:
+            if self.eager is not None:
+                self._eager_expand(states, budget)
+                return
+            for s in states:
+                if not self.expanded[s]:
+                    self.expand(s, 0)
 
     def expand(self, s: int, budget: int = 0) -> None:
         """Compute all 256 transitions of state ``s`` (and, breadth first, of up to ``budget``
         states it leads to that are not expanded yet)."""
         with self.lock:
+            if self.eager is not None:
+                self._eager_expand([s], budget)
+                return
             todo = [s]
             done = 0
             while todo:
@@ -294,7 +468,7 @@ class Lexer:
         memo: dict[int, int] = {}
         with self.lock:
             lexemes = [ex.import_expr(src, e, memo) for e in self.lexemes]
-        new = Lexer(ex, lexemes, self.max_states, generation=self.generation + 1)
+        new = Lexer(ex, lexemes, self.max_states, generation=self.generation + 1, eager=self.eager)
         new._imports[src] = memo
         if self.initial_state >= 0:
             new.initial_state = new.translate(self, self.initial_state)
@@ -303,7 +477,11 @@ class Lexer:
     def translate(self, old: "Lexer", s: int) -> int:
         """State ``s`` of lexer ``old`` (an earlier generation of the same grammar) as a state
         here: the same lexemes at equal expressions (imported), interned, not expanded."""
-        members = old._states[s]
+        if self.eager is not None and old.eager is self.eager:
+            with self.lock:
+                D = old._D
+                return self._eager_intern(D.ms_mem[D.ms_off[s]:D.ms_off[s + 1]].tolist())
+        members = old.state_members(s)
         with self.lock:
             memo = self._imports.get(old.exprs)
             if memo is None:
@@ -318,8 +496,12 @@ class Lexer:
         with self.lock:
             allowed = sorted(set(allowed))
             lexemes = self.lexemes
-            members = tuple([(lx, lexemes[lx]) for lx in allowed])
-            s = self._intern(members)
+            if self.eager is not None:
+                g_of = self.eager.g_of
+                s = self._eager_intern([g_of(lx, 0) for lx in allowed])
+            else:
+                members = tuple([(lx, lexemes[lx]) for lx in allowed])
+                s = self._intern(members)
             arr = np.array(allowed, dtype=np.int32)
             key = int(lexeme_set_hash(arr, len(allowed)))
             if int(lookup_start(self.st_keys, self.st_vals, key)) == UNKNOWN:
@@ -353,5 +535,8 @@ class Lexer:
         keys[j] = key
 
     def warm_up(self, start: int, budget: int = 256) -> None:
-        """Expand states reachable from ``start`` breadth first, at most ``budget`` of them."""
+        """Expand states reachable from ``start`` breadth first, at most ``budget`` of them
+        (an eager lexer: at least :data:`EAGER_WARM_UP_BUDGET`)."""
+        if self.eager is not None:
+            budget = max(budget, EAGER_WARM_UP_BUDGET)
         self.expand(start, budget)

@@ -141,3 +141,14 @@ def charge(what: str, nbytes: int) -> None:
     m = _active.get()
     if m is not None:
         m.charge(what, nbytes)
+
+
+@contextmanager
+def suspended():
+    """No compile memory bound in this thread for the block (work bounded by its own limits,
+    such as the lexeme DFAs of :mod:`.lexdfa`, which a compile may or may not need)."""
+    token = _active.set(None)
+    try:
+        yield
+    finally:
+        _active.reset(token)
