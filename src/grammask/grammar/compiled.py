@@ -147,7 +147,7 @@ class CompiledGrammar:
             lx = self.lexer if lexer is None else lexer
             if cnt[0]:
                 lx.expand_many(sorted(set(M.states[: cnt[0]].tolist())),
-                               EAGER_RESOLVE_BUDGET if lx.eager is not None else 0)
+                               EAGER_RESOLVE_BUDGET if lx.eager else 0)
             off = M.start_off
             for i in range(cnt[1]):
                 lx.start_state(M.start_lex[off[i]:off[i + 1]].tolist())

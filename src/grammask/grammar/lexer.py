@@ -41,13 +41,17 @@ from numba import njit
 
 from ..errors import GrammarTooComplexError
 from . import lexdfa
-from .lexdfa import EagerTables, eager_expand, intern_members, new_states
+from .lexdfa import FastCall, eager_expand, fill_rows, g_intern, intern_members
 from .regexset import ExprSet, pack_ids
 
 DEAD = -1
 UNKNOWN = -2
 ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
+_eager_expand = FastCall(eager_expand)
+_intern_members = FastCall(intern_members)
+_fill_rows = FastCall(fill_rows)
+_g_intern = FastCall(g_intern)
 #: state moves kept per ExprSet (shared by its grammars) before the cache starts over
 MAX_CACHED_MOVES = 50_000
 #: states of one lexer generation (see the module docstring); ``trans`` is 1 KiB per state
@@ -57,15 +61,16 @@ MAX_GENERATION_NODES = 400_000
 #: a generation still in use by a running call may outgrow ``max_states`` up to this factor
 #: (and at least by 20,000 states)
 HARD_STATES_FACTOR = 8
-#: build lexer states in Numba from per-lexeme DFAs when every lexeme has a bounded one
-#: (:mod:`.lexdfa`); False: always the derivative construction in Python
+#: build lexer states in Numba from lazily built lexeme DFAs (:mod:`.lexdfa`); False: the
+#: derivative construction of whole states in Python (:meth:`Lexer._expand_one`, the reference)
 EAGER_LEXER = True
-#: states expanded speculatively (breadth first) beyond those a kernel asked for, by an eager
-#: lexer (cheap there: no derivatives, no Python objects)
-EAGER_RESOLVE_BUDGET = 64
-#: states an eager lexer expands from the initial state at compile time
-EAGER_WARM_UP_BUDGET = 256
-_AUTO = object()
+#: states the compiled expansion builds speculatively (breadth first) beyond those a kernel asked
+#: for, from members whose DFA rows exist (Numba only: no derivative, no Python object)
+EAGER_RESOLVE_BUDGET = 256
+#: DFA rows built beyond those asked for when their transitions are memoised already
+EAGER_FREE_ROWS = 256
+#: states the compiled expansion builds from the initial state at compile time (DFA rows included)
+EAGER_WARM_UP_BUDGET = 64
 
 #: the lexer arrays a kernel reads (see the module docstring); one consistent snapshot
 LexerTables = namedtuple("LexerTables", "trans state_acc acc_off acc_lex st_keys st_vals")
@@ -150,7 +155,7 @@ class Lexer:
     """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
 
     def __init__(self, exprs: ExprSet, lexemes: list[int], max_states: int = MAX_LEXER_STATES,
-                 *, generation: int = 0, eager=_AUTO):
+                 *, generation: int = 0, eager: bool | None = None):
         self.exprs = exprs
         self.lexemes = list(lexemes)
         self.max_states = max(1, int(max_states))
@@ -180,18 +185,11 @@ class Lexer:
         self.st_vals = np.zeros(256, dtype=np.int32)
         self._n_start = 0
         self.expanded = np.zeros(cap, dtype=np.bool_)
-        if eager is _AUTO:
-            eager = EagerTables.build(exprs, self.lexemes) if EAGER_LEXER else None
-        #: the static tables of the compiled expansion (:mod:`.lexdfa`), or None (lazy lexer)
-        self.eager: EagerTables | None = eager
-        if eager is not None:
-            self._D = new_states(cap, 8 * cap, 64)
-            self.acc_off = np.zeros(65, dtype=np.int32)
-            self.acc_lex = np.zeros(256, dtype=np.int32)
-            nl = max(1, len(self.lexemes))
-            self._buf = np.zeros(nl, np.int32)
-            self._abuf = np.zeros(nl, np.int32)
-            self._row = np.zeros(eager.n_classes, np.int32)
+        #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
+        #: whole states in Python (:meth:`_expand_one`, the reference)
+        self.eager = EAGER_LEXER if eager is None else bool(eager)
+        if self.eager:
+            self._init_compiled(cap)
         self._publish()
 
     def _publish(self) -> None:
@@ -203,39 +201,90 @@ class Lexer:
     # ---------------------------------------------------------------- states
     @property
     def n_states(self) -> int:
-        if self.eager is not None:
+        if self.eager:
             return int(self._D.cnt[0])
         return len(self._states)
 
     def state_members(self, s: int) -> tuple[tuple[int, int], ...]:
-        if self.eager is not None:
-            return tuple([(lx, self._member_expr(lx, k)) for lx, k in self._eager_members(s)])
+        """The members of state ``s``: ``(lexeme, expression)`` pairs sorted by lexeme."""
+        if self.eager:
+            D = self._D
+            g_lex, g_expr = self._X.g_lex, self._X.g_expr
+            return tuple(sorted([(int(g_lex[g]), int(g_expr[g]))
+                                 for g in D.ms_mem[D.ms_off[s]:D.ms_off[s + 1]].tolist()]))
         return self._states[s]
 
     # ---------------------------------------------------------------- compiled expansion
-    def _eager_members(self, s: int) -> list[tuple[int, int]]:
-        """(lexeme, DFA state) of each member of state ``s`` of an eager lexer."""
-        D = self._D
-        loc = self.eager.local
-        return [loc(g) for g in D.ms_mem[D.ms_off[s]:D.ms_off[s + 1]].tolist()]
+    def _init_compiled(self, cap: int) -> None:
+        """The arrays of the compiled expansion (see :mod:`.lexdfa`)."""
+        self._X = lexdfa.new_dfas(64)
+        self._g0 = [-1] * len(self.lexemes)   # the DFA state of each lexeme's start
+        self._D = lexdfa.new_store(cap, 8 * cap, 64)
+        self.acc_off = np.zeros(65, dtype=np.int32)
+        self.acc_lex = np.zeros(256, dtype=np.int32)
+        nl = max(1, len(self.lexemes))
+        self._buf = np.zeros(nl, np.int32)
+        self._pbuf = np.zeros(nl, np.int32)
+        self._ibuf = np.zeros(nl, np.int32)
+        self._abuf = np.zeros(nl, np.int32)
 
-    def _member_expr(self, lx: int, k: int) -> int:
-        """The expression (in this lexer's ExprSet) of DFA state ``k`` of lexeme ``lx``."""
-        E = self.eager
-        e = E.dfas[lx].exprs[k]
-        if E.exprs is not self.exprs:
-            memo = self._imports.get(E.exprs)
-            if memo is None:
-                memo = self._imports[E.exprs] = {}
-            e = self.exprs.import_expr(E.exprs, e, memo)
-        return e
+    def _reserve_g(self, k: int) -> None:
+        X = self._X
+        n = int(X.g_cnt[0])
+        cap = X.g_null.shape[0]
+        if n + k > cap:
+            while n + k > cap:
+                cap *= 2
+            self._X = lexdfa.grow_dfas(X, cap)
+
+    def _g(self, lx: int, e: int) -> int:
+        """The DFA state of lexeme ``lx`` at expression ``e`` (a new one has no row yet)."""
+        self._reserve_g(1)
+        return int(_g_intern(self._X, e, lx, 1 if self.exprs.nullable(e) else 0))
+
+    def _fill_rows(self, gs) -> None:
+        """The DFA rows of the DFA states ``gs`` that have none yet: their transitions
+        (derivatives, memoised per ExprSet) written by :func:`.lexdfa.fill_rows`. Then also the
+        rows of the new DFA states they lead to whose transitions are already memoised (no
+        derivative to compute: rows other grammars of the compiler needed), breadth first, up to
+        :data:`EAGER_FREE_ROWS` of them, so that speculative expansion can go on from them."""
+        ex = self.exprs
+        memo = ex.__dict__.setdefault("_packed_trans", {})
+        free = EAGER_FREE_ROWS
+        while gs:
+            n0 = int(self._X.g_cnt[0])
+            self._fill_rows_once(gs)
+            n1 = int(self._X.g_cnt[0])
+            if free <= 0 or n1 == n0:
+                break
+            g_expr = self._X.g_expr
+            gs = [g for g in range(n0, min(n1, n0 + free)) if int(g_expr[g]) in memo]
+            free -= len(gs)
+        # the lexeme DFAs are bounded with the lexer states (1 KiB per row each)
+        if len(ex) - self._base_nodes > MAX_GENERATION_NODES or int(self._X.g_cnt[0]) >= self.max_states:
+            self.full = True
+
+    def _fill_rows_once(self, gs) -> None:
+        X = self._X
+        g_expr = X.g_expr
+        ex = self.exprs
+        packed = [lexdfa.packed_transitions(ex, int(g_expr[g])) for g in gs]
+        ks = [len(p[2]) for p in packed]
+        off = np.zeros(len(gs) + 1, np.int64)
+        np.cumsum(ks, out=off[1:])
+        total = int(off[-1])
+        self._reserve_g(total)
+        masks = np.frombuffer(b"".join([p[0] for p in packed]), np.uint64).reshape(total, 4)
+        targets = np.frombuffer(b"".join([p[1] for p in packed]), np.int64)
+        tnull = np.frombuffer(b"".join([p[2] for p in packed]), np.uint8)
+        _fill_rows(np.array(gs, np.int64), off, masks, targets, tnull, self._X)
 
     def _eager_intern(self, gs: list[int]) -> int:
-        """Intern the state of sorted global DFA states ``gs`` (not expanded)."""
+        """Intern the lexer state of DFA states ``gs`` (not expanded)."""
         self._reserve(1, len(gs))
         buf = self._buf
         buf[:len(gs)] = gs
-        s = int(intern_members(buf, len(gs), self.eager.static, self.state_acc, self.acc_off,
+        s = int(_intern_members(buf, len(gs), self._X, self.state_acc, self.acc_off,
                                self.acc_lex, self._D, self._abuf, self.max_states, self.hard_max_states))
         self._after_eager(s)
         return s
@@ -260,7 +309,7 @@ class Lexer:
             while n + n_new + 1 > cap:
                 cap *= 2
             self._grow_states(cap)   # publishes trans/state_acc/expanded
-        ms_off, ms_mem, h_keys, a_keys, queue = D.ms_off, D.ms_mem, D.h_keys, D.a_keys, D.queue
+        ms_off, ms_mem, h_keys, a_keys, queue, defer = D.ms_off, D.ms_mem, D.h_keys, D.a_keys, D.queue, D.defer
         if ms_off.shape[0] < cap + 1:
             ms_off = np.zeros(cap + 1, np.int64)
             ms_off[:n + 1] = D.ms_off[:n + 1]
@@ -283,6 +332,9 @@ class Lexer:
             q = np.zeros(2 * cap + 16 + n_new, np.int32)
             q[:queue.shape[0]] = queue
             queue = q
+            d = np.zeros(q.shape[0], np.int32)
+            d[:defer.shape[0]] = defer
+            defer = d
             changed = True
         acc_off, acc_lex = self.acc_off, self.acc_lex
         published = False
@@ -308,38 +360,48 @@ class Lexer:
             lexdfa.rehash(a_keys, acc_off.astype(np.int64), acc_lex, n_acc)
             changed = True
         if changed:
-            self._D = D._replace(ms_off=ms_off, ms_mem=ms_mem, h_keys=h_keys, a_keys=a_keys, queue=queue)
+            self._D = D._replace(ms_off=ms_off, ms_mem=ms_mem, h_keys=h_keys, a_keys=a_keys, queue=queue,
+                                 defer=defer)
         if published:
             self.acc_lex, self.acc_off = acc_lex, acc_off
             self._publish()
 
-    def _eager_expand(self, states, budget: int) -> None:
-        """Expand ``states`` (and breadth first up to ``budget`` more) in Numba (lock held)."""
+    def _eager_expand(self, states, budget: int, spec_rows: bool = False) -> None:
+        """Expand ``states`` (and breadth first up to ``budget`` more, only those whose members'
+        DFA rows are built unless ``spec_rows``) in Numba (lock held)."""
         seeds = [s for s in states if not self.expanded[s]]
         if not seeds:
             return
         self._reserve(0, 0)
         if self._D.queue.shape[0] < len(seeds) + 16:
-            self._D = self._D._replace(queue=np.zeros(2 * len(seeds) + 16, np.int32))
+            q = 2 * len(seeds) + 16
+            self._D = self._D._replace(queue=np.zeros(q, np.int32), defer=np.zeros(q, np.int32))
         D = self._D
         D.queue[:len(seeds)] = seeds
         cnt = D.cnt
         cnt[4] = 0
         cnt[5] = len(seeds)
         cnt[7] = 0
-        S = self.eager.static
-        C = self.eager.n_classes
+        cnt[8] = 0
+        cnt[9] = 0
+        cnt[10] = len(seeds)
         while True:
-            st, m = eager_expand(budget, self.max_states, self.hard_max_states, S, self.trans,
+            st, s = _eager_expand(budget, spec_rows, self.max_states, self.hard_max_states, self._X, self.trans,
                                  self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._D,
-                                 self._buf, self._abuf, self._row)
+                                  self._buf, self._pbuf, self._ibuf, self._abuf)
             if st == lexdfa.DONE:
                 self._after_eager(0)
                 return
-            if st == lexdfa.NEED_ROOM:
-                self._reserve(C, int(m))
-                continue
-            self._after_eager(-1)
+            if st == lexdfa.NEED_ROWS:
+                D = self._D
+                n = int(D.cnt[8])
+                self._fill_rows(sorted(set(D.need[:n].tolist())))
+                D.cnt[8] = 0
+            elif st == lexdfa.NEED_ROOM:
+                D = self._D
+                self._reserve(1, int(D.ms_off[s + 1] - D.ms_off[s]))
+            else:
+                self._after_eager(-1)
 
     def _intern(self, members: tuple[tuple[int, int], ...]) -> int:
         s = self._state_ids.get(members)
@@ -388,7 +450,7 @@ class Lexer:
         k = int(self.state_acc[s])
         if k < 0:
             return ()
-        if self.eager is not None:
+        if self.eager:
             return tuple(self.acc_lex[self.acc_off[k]:self.acc_off[k + 1]].tolist())
         return self._acc_sets[k]
 
@@ -396,7 +458,7 @@ class Lexer:
         """Expand every state of ``states`` (an eager lexer also up to ``budget`` more, breadth
         first: see :data:`EAGER_RESOLVE_BUDGET`)."""
         with self.lock:
-            if self.eager is not None:
+            if self.eager:
                 self._eager_expand(states, budget)
                 return
             for s in states:
@@ -407,7 +469,7 @@ class Lexer:
         """Compute all 256 transitions of state ``s`` (and, breadth first, of up to ``budget``
         states it leads to that are not expanded yet)."""
         with self.lock:
-            if self.eager is not None:
+            if self.eager:
                 self._eager_expand([s], budget)
                 return
             todo = [s]
@@ -477,10 +539,6 @@ class Lexer:
     def translate(self, old: "Lexer", s: int) -> int:
         """State ``s`` of lexer ``old`` (an earlier generation of the same grammar) as a state
         here: the same lexemes at equal expressions (imported), interned, not expanded."""
-        if self.eager is not None and old.eager is self.eager:
-            with self.lock:
-                D = old._D
-                return self._eager_intern(D.ms_mem[D.ms_off[s]:D.ms_off[s + 1]].tolist())
         members = old.state_members(s)
         with self.lock:
             memo = self._imports.get(old.exprs)
@@ -488,6 +546,8 @@ class Lexer:
                 memo = self._imports[old.exprs] = {}
             imp = self.exprs.import_expr
             m = tuple(sorted([(lx, imp(old.exprs, e, memo)) for lx, e in members]))
+            if self.eager:
+                return self._eager_intern([self._g(lx, e) for lx, e in m])
             return self._intern(m)
 
     # ---------------------------------------------------------------- start states
@@ -496,9 +556,15 @@ class Lexer:
         with self.lock:
             allowed = sorted(set(allowed))
             lexemes = self.lexemes
-            if self.eager is not None:
-                g_of = self.eager.g_of
-                s = self._eager_intern([g_of(lx, 0) for lx in allowed])
+            if self.eager:
+                g0 = self._g0
+                gs = []
+                for lx in allowed:
+                    g = g0[lx]
+                    if g < 0:
+                        g = g0[lx] = self._g(lx, lexemes[lx])
+                    gs.append(g)
+                s = self._eager_intern(gs)
             else:
                 members = tuple([(lx, lexemes[lx]) for lx in allowed])
                 s = self._intern(members)
@@ -537,6 +603,8 @@ class Lexer:
     def warm_up(self, start: int, budget: int = 256) -> None:
         """Expand states reachable from ``start`` breadth first, at most ``budget`` of them
         (an eager lexer: at least :data:`EAGER_WARM_UP_BUDGET`)."""
-        if self.eager is not None:
-            budget = max(budget, EAGER_WARM_UP_BUDGET)
+        if self.eager:
+            with self.lock:
+                self._eager_expand([start], max(budget, EAGER_WARM_UP_BUDGET), spec_rows=True)
+            return
         self.expand(start, budget)
