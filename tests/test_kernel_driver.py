@@ -15,6 +15,7 @@ import pytest
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
 from grammask.errors import GrammarError
 from grammask.grammar import compiled as compiled_mod
+from grammask.grammar import lexer as lexer_mod
 from grammask.grammar import matcher as matcher_mod
 from grammask.grammar.earley import GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT
 from small_tokenizers import bytelevel_tokenizer
@@ -67,10 +68,14 @@ def test_driver_serves_requests_and_grows(bl):
     assert (after.row_ls[before.row_ls.shape[0]:] == -2).all()
 
 
-def test_driver_builds_missing_states(bl):
-    _tok, _info, comp = bl
-    cg = comp.compile_grammar('root ::= [a-z]{0,150} "!"')   # more states than the warm-up expands
+@pytest.mark.parametrize("eager", [True, False], ids=["compiled-expansion", "derivatives"])
+def test_driver_builds_missing_states(bl, monkeypatch, eager):
+    _tok, info, _comp = bl
+    monkeypatch.setattr(lexer_mod, "EAGER_LEXER", eager)
+    comp = GrammarCompiler(info, cache_enabled=False)
+    cg = comp.compile_grammar('root ::= [a-z]{0,600} "!"')   # more states than the warm-up expands
     lexer = cg.lexer
+    assert lexer.eager == eager
     todo = [s for s in range(lexer.n_states) if not lexer.expanded[s]]
     assert todo
     missing = cg.new_missing(cg.flat.n_lexemes)

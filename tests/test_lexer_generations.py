@@ -142,6 +142,26 @@ def test_old_generation_is_freed(info):
     assert first() is None, "a lexer generation no matcher uses any more is still alive"
 
 
+def test_old_generation_is_freed_without_the_cycle_collector(info):
+    # a replaced generation holds megabytes of tables: it must go with its last user, not wait for
+    # a cyclic collection (which a run making few Python objects may not trigger for long); the
+    # lexer's slice checker refers back to it only weakly
+    comp = GrammarCompiler(info, max_lexer_states=TINY)
+    compiled = comp.compile_json_schema(SCHEMA)
+    assert compiled.slicer.lexer is compiled.lexer
+    first = weakref.ref(compiled.lexer)
+    gc.collect()
+    gc.disable()
+    try:
+        m = GrammarMatcher(compiled)
+        m.accept_string('{"text": "')
+        _walk(random.Random(5), m, info, 40)
+        assert compiled.lexer_generations >= 2
+        assert first() is None, "a replaced lexer generation waits for the cyclic garbage collector"
+    finally:
+        gc.enable()
+
+
 def test_node_bound_also_starts_a_generation(info, monkeypatch):
     # the expressions a generation adds (derivatives) are bounded too, not only its states
     monkeypatch.setattr(lexer_mod, "MAX_GENERATION_NODES", 50)

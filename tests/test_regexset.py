@@ -106,9 +106,11 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
 
     ex = ExprSet()
     words = [parse_regex(p, ex) for p in ("[a-z]+", "[0-9]{1,5}", '"([^"\\\\]|\\\\.)*"', "true|false")]
-    lx = Lexer(ex, words)
+    lx = Lexer(ex, words, eager=False)  # the derivative construction (its moves cache)
     s = lx.start_state(list(range(len(words))))
     lx.expand(s, budget=200)
+    eager = Lexer(ex, words, eager=True)   # and the compiled one (its packed transitions)
+    eager.expand(eager.start_state(list(range(len(words)))), budget=200)
     for w in words:
         ex.min_length(w)
         ex.may_be_infinite(w)
@@ -116,7 +118,7 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
     for _ in range(5):
         gc.collect()
     for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo",
-                 "_partition_cache", "_trans", "_lexer_moves"):
+                 "_partition_cache", "_trans", "_lexer_moves", "_packed_trans"):
         table = getattr(ex, name) if hasattr(ex, name) else ex.__dict__[name]
         assert not gc.is_tracked(table), (name, [(k, v) for k, v in table.items() if gc.is_tracked(k) or gc.is_tracked(v)][:3] if isinstance(table, dict) else None)
         if isinstance(table, dict):
@@ -261,3 +263,40 @@ def test_alive_with_a_large_minimum_skips_the_periodic_layers():
                          ("(ab)+c", 50_000, False), ("(ab)+c", 50_001, True)):
         e = ex.intersect(parse_regex(x, ex), ex.repeat(unit, n, n))
         assert ex.alive(e) is expect, (x, n)
+
+
+@pytest.mark.parametrize("patterns", [
+    ("[a-z]+", "[0-9]{1,5}", '"([^"\\\\]|\\\\.)*"', "true|false", "tr[a-u]e", "-?[0-9]+(\\.[0-9]+)?"),
+    ("\\s*\\{", "\\s*\"name\"", "\\s*\"nam\"", "\\s*[0-9]+", "\\s*,", "[^\\x00-\\x1f\"]{0,12}"),
+    ("(ab|a)*c", "a{2,40}", "[\\x80-\\xbf]{1,3}x", "[^a]+", "é+|ü"),
+])
+def test_compiled_expansion_is_the_derivative_construction(patterns):
+    """The compiled expansion (lexeme DFAs over byte classes, subset construction in Numba) builds
+    the lexer automaton of the derivative construction of whole states: every state reachable
+    from every start set, explored in full on both, has the same members, accepted lexemes and
+    moves (states matched by their members, ids differ)."""
+    from grammask.grammar.lexer import DEAD, Lexer
+
+    ex = ExprSet()
+    words = [parse_regex(p, ex) for p in patterns]
+    ref = Lexer(ex, words, eager=False)
+    fast = Lexer(ex, words, eager=True)
+    starts = [list(range(len(words)))] + [[k] for k in range(len(words))] + [[0, len(words) - 1]]
+    for allowed in starts:
+        pairs = [(fast.start_state(allowed), ref.start_state(allowed))]
+        seen = set()
+        while pairs:
+            sf, sr = pairs.pop()
+            if sf in seen:
+                continue
+            seen.add(sf)
+            assert fast.state_members(sf) == ref.state_members(sr)
+            assert fast.accepted_lexemes(sf) == ref.accepted_lexemes(sr)
+            fast.expand(sf, budget=3)
+            ref.expand(sr)
+            tf = fast.trans[sf * 256:(sf + 1) * 256].tolist()
+            tr = ref.trans[sr * 256:(sr + 1) * 256].tolist()
+            assert [t == DEAD for t in tf] == [t == DEAD for t in tr]
+            pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
+        assert len(seen) >= 2
+    assert fast.n_states == ref.n_states > 20

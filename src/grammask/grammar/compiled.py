@@ -10,7 +10,7 @@ from ..errors import GrammarError
 from .cfg import FlatGrammar, Grammar, lower
 from .earley import (GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT, MissingRequests, ParseStack,
                      grammar_tables, initial_row, new_missing)
-from .lexer import MAX_LEXER_STATES, Lexer
+from .lexer import EAGER_RESOLVE_BUDGET, MAX_LEXER_STATES, Lexer
 from .mask import FastCall, chain_frontier
 
 #: calls of one kernel (with Python's work between them) before :meth:`CompiledGrammar.run` gives up
@@ -152,9 +152,9 @@ class CompiledGrammar:
         if status == MISSING:
             cnt = M.counts
             lx = self.lexer if lexer is None else lexer
-            for s in set(M.states[: cnt[0]].tolist()):
-                if not lx.expanded[s]:
-                    lx.expand(s, budget=0)
+            if cnt[0]:
+                lx.expand_many(sorted(set(M.states[: cnt[0]].tolist())),
+                               EAGER_RESOLVE_BUDGET if lx.eager else 0)
             off = M.start_off
             for i in range(cnt[1]):
                 lx.start_state(M.start_lex[off[i]:off[i + 1]].tolist())
@@ -182,9 +182,7 @@ class CompiledGrammar:
             n = chain_frontier(F, lx.tables.trans, pairs, n_pairs, at, out)
             if not n:
                 return
-            for s in set(out[:n].tolist()):
-                if not lx.expanded[s]:
-                    lx.expand(s, budget=0)
+            lx.expand_many(sorted(set(out[:n].tolist())))
 
     def new_stack(self) -> ParseStack:
         return self._template.copy()

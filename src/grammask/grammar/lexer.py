@@ -41,13 +41,19 @@ import numpy as np
 from numba import njit
 
 from ..errors import GrammarTooComplexError
-from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, STATE_BYTES
+from . import lexdfa
+from .lexdfa import FastCall, eager_expand, fill_rows, g_intern, intern_members
+from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
 from .regexset import ExprSet, pack_ids
 
 DEAD = -1
 UNKNOWN = -2
 ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
+_eager_expand = FastCall(eager_expand)
+_intern_members = FastCall(intern_members)
+_fill_rows = FastCall(fill_rows)
+_g_intern = FastCall(g_intern)
 #: state moves kept per ExprSet (shared by its grammars) before the cache starts over
 MAX_CACHED_MOVES = 50_000
 #: states of one lexer generation (see the module docstring); ``trans`` is 1 KiB per state
@@ -57,6 +63,16 @@ MAX_GENERATION_NODES = 400_000
 #: a generation still in use by a running call may outgrow ``max_states`` up to this factor
 #: (and at least by 20,000 states)
 HARD_STATES_FACTOR = 8
+#: build lexer states in Numba from lazily built lexeme DFAs (:mod:`.lexdfa`); False: the
+#: derivative construction of whole states in Python (:meth:`Lexer._expand_one`, the reference)
+EAGER_LEXER = True
+#: states the compiled expansion builds speculatively (breadth first) beyond those a kernel asked
+#: for, from members whose DFA rows exist (Numba only: no derivative, no Python object)
+EAGER_RESOLVE_BUDGET = 256
+#: DFA rows built beyond those asked for when their transitions are memoised already
+EAGER_FREE_ROWS = 256
+#: states the compiled expansion builds from the initial state at compile time (DFA rows included)
+EAGER_WARM_UP_BUDGET = 64
 
 #: the lexer arrays a kernel reads (see the module docstring); one consistent snapshot
 LexerTables = namedtuple("LexerTables", "trans state_acc acc_off acc_lex st_keys st_vals")
@@ -141,7 +157,7 @@ class Lexer:
     """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
 
     def __init__(self, exprs: ExprSet, lexemes: list[int], max_states: int = MAX_LEXER_STATES,
-                 *, generation: int = 0):
+                 *, generation: int = 0, eager: bool | None = None):
         self.exprs = exprs
         self.lexemes = list(lexemes)
         self.max_states = max(1, int(max_states))
@@ -173,9 +189,15 @@ class Lexer:
         self.expanded = np.zeros(cap, dtype=np.bool_)
         #: what this generation added to its ExprSet while it grew (expressions, memoised
         #: derivatives, moves): counted by :meth:`counting` for :meth:`held_bytes`
-        self.grown_nodes = self.grown_derivs = self.grown_moves = 0
-        #: members over all states (a state's member tuple grows with its lexemes)
+        self.grown_nodes = self.grown_derivs = self.grown_moves = self.grown_packed = 0
+        #: members over all states (a state's member tuple grows with its lexemes; the
+        #: reference construction's Python tuples)
         self.n_members = 0
+        #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
+        #: whole states in Python (:meth:`_expand_one`, the reference)
+        self.eager = EAGER_LEXER if eager is None else bool(eager)
+        if self.eager:
+            self._init_compiled(cap)
         self._publish()
 
     def _publish(self) -> None:
@@ -187,10 +209,207 @@ class Lexer:
     # ---------------------------------------------------------------- states
     @property
     def n_states(self) -> int:
+        if self.eager:
+            return int(self._D.cnt[0])
         return len(self._states)
 
     def state_members(self, s: int) -> tuple[tuple[int, int], ...]:
+        """The members of state ``s``: ``(lexeme, expression)`` pairs sorted by lexeme."""
+        if self.eager:
+            D = self._D
+            g_lex, g_expr = self._X.g_lex, self._X.g_expr
+            return tuple(sorted([(int(g_lex[g]), int(g_expr[g]))
+                                 for g in D.ms_mem[D.ms_off[s]:D.ms_off[s + 1]].tolist()]))
         return self._states[s]
+
+    # ---------------------------------------------------------------- compiled expansion
+    def _init_compiled(self, cap: int) -> None:
+        """The arrays of the compiled expansion (see :mod:`.lexdfa`)."""
+        self._X = lexdfa.new_dfas(64)
+        self._g0 = [-1] * len(self.lexemes)   # the DFA state of each lexeme's start
+        self._D = lexdfa.new_store(cap, 8 * cap, 64)
+        self.acc_off = np.zeros(65, dtype=np.int32)
+        self.acc_lex = np.zeros(256, dtype=np.int32)
+        nl = max(1, len(self.lexemes))
+        self._buf = np.zeros(nl, np.int32)
+        self._pbuf = np.zeros(nl, np.int32)
+        self._ibuf = np.zeros(nl, np.int32)
+        self._abuf = np.zeros(nl, np.int32)
+
+    def _reserve_g(self, k: int) -> None:
+        X = self._X
+        n = int(X.g_cnt[0])
+        cap = X.g_null.shape[0]
+        if n + k > cap:
+            while n + k > cap:
+                cap *= 2
+            self._X = lexdfa.grow_dfas(X, cap)
+
+    def _g(self, lx: int, e: int) -> int:
+        """The DFA state of lexeme ``lx`` at expression ``e`` (a new one has no row yet)."""
+        self._reserve_g(1)
+        return int(_g_intern(self._X, e, lx, 1 if self.exprs.nullable(e) else 0))
+
+    def _fill_rows(self, gs) -> None:
+        """The DFA rows of the DFA states ``gs`` that have none yet: their transitions
+        (derivatives, memoised per ExprSet) written by :func:`.lexdfa.fill_rows`. Then also the
+        rows of the new DFA states they lead to whose transitions are already memoised (no
+        derivative to compute: rows other grammars of the compiler needed), breadth first, up to
+        :data:`EAGER_FREE_ROWS` of them, so that speculative expansion can go on from them."""
+        ex = self.exprs
+        memo = ex.__dict__.setdefault("_packed_trans", {})
+        free = EAGER_FREE_ROWS
+        while gs:
+            n0 = int(self._X.g_cnt[0])
+            self._fill_rows_once(gs)
+            n1 = int(self._X.g_cnt[0])
+            if free <= 0 or n1 == n0:
+                break
+            g_expr = self._X.g_expr
+            gs = [g for g in range(n0, min(n1, n0 + free)) if int(g_expr[g]) in memo]
+            free -= len(gs)
+        # the lexeme DFAs are bounded with the lexer states (1 KiB per row each)
+        if len(ex) - self._base_nodes > MAX_GENERATION_NODES or int(self._X.g_cnt[0]) >= self.max_states:
+            self.full = True
+
+    def _fill_rows_once(self, gs) -> None:
+        X = self._X
+        g_expr = X.g_expr
+        ex = self.exprs
+        packed = [lexdfa.packed_transitions(ex, int(g_expr[g])) for g in gs]
+        ks = [len(p[2]) for p in packed]
+        off = np.zeros(len(gs) + 1, np.int64)
+        np.cumsum(ks, out=off[1:])
+        total = int(off[-1])
+        self._reserve_g(total)
+        masks = np.frombuffer(b"".join([p[0] for p in packed]), np.uint64).reshape(total, 4)
+        targets = np.frombuffer(b"".join([p[1] for p in packed]), np.int64)
+        tnull = np.frombuffer(b"".join([p[2] for p in packed]), np.uint8)
+        _fill_rows(np.array(gs, np.int64), off, masks, targets, tnull, self._X)
+
+    def _eager_intern(self, gs: list[int]) -> int:
+        """Intern the lexer state of DFA states ``gs`` (not expanded)."""
+        self._reserve(1, len(gs))
+        buf = self._buf
+        buf[:len(gs)] = gs
+        s = int(_intern_members(buf, len(gs), self._X, self.state_acc, self.acc_off,
+                               self.acc_lex, self._D, self._abuf, self.max_states, self.hard_max_states))
+        self._after_eager(s)
+        return s
+
+    def _after_eager(self, s: int) -> None:
+        if self._D.cnt[6]:
+            self.full = True
+        if s < 0:
+            raise GrammarTooComplexError(
+                f"lexer automaton exceeds {self.hard_max_states} states in one generation "
+                f"(one call needed more than {self.hard_max_states - self.max_states} new states)")
+
+    def _reserve(self, n_new: int, m: int) -> None:
+        """Room for ``n_new`` more states of at most ``m`` members (and accepted sets) in the
+        arrays the compiled expansion writes: grown (and published) where they are short."""
+        D = self._D
+        cnt = D.cnt.tolist()
+        n, mem_used, n_acc, acc_used = cnt[0], cnt[1], cnt[2], cnt[3]
+        changed = False
+        cap = self.state_acc.shape[0]
+        if n + n_new + 1 > cap:
+            while n + n_new + 1 > cap:
+                cap *= 2
+            self._grow_states(cap)   # publishes trans/state_acc/expanded
+        ms_off, ms_mem, h_keys, a_keys, queue, defer = D.ms_off, D.ms_mem, D.h_keys, D.a_keys, D.queue, D.defer
+        if ms_off.shape[0] < cap + 1:
+            ms_off = np.zeros(cap + 1, np.int64)
+            ms_off[:n + 1] = D.ms_off[:n + 1]
+            changed = True
+        if mem_used + n_new * m > ms_mem.shape[0]:
+            size = ms_mem.shape[0]
+            while mem_used + n_new * m > size:
+                size *= 2
+            ms_mem = np.zeros(size, np.int32)
+            ms_mem[:mem_used] = D.ms_mem[:mem_used]
+            changed = True
+        if 2 * (n + n_new) > h_keys.shape[0]:
+            size = h_keys.shape[0]
+            while 2 * (n + n_new) > size:
+                size *= 2
+            h_keys = np.full(size, -1, np.int32)
+            lexdfa.rehash(h_keys, ms_off, ms_mem, n)
+            changed = True
+        if queue.shape[0] < 2 * cap + 16 + n_new:
+            q = np.zeros(2 * cap + 16 + n_new, np.int32)
+            q[:queue.shape[0]] = queue
+            queue = q
+            d = np.zeros(q.shape[0], np.int32)
+            d[:defer.shape[0]] = defer
+            defer = d
+            changed = True
+        acc_off, acc_lex = self.acc_off, self.acc_lex
+        published = False
+        if n_acc + n_new + 1 >= acc_off.shape[0]:
+            size = acc_off.shape[0] - 1
+            while n_acc + n_new + 1 >= size + 1:
+                size *= 2
+            acc_off = np.zeros(size + 1, np.int32)
+            acc_off[:n_acc + 1] = self.acc_off[:n_acc + 1]
+            published = True
+        if acc_used + n_new * m > acc_lex.shape[0]:
+            size = acc_lex.shape[0]
+            while acc_used + n_new * m > size:
+                size *= 2
+            acc_lex = np.zeros(size, np.int32)
+            acc_lex[:acc_used] = self.acc_lex[:acc_used]
+            published = True
+        if 2 * (n_acc + n_new) > a_keys.shape[0]:
+            size = a_keys.shape[0]
+            while 2 * (n_acc + n_new) > size:
+                size *= 2
+            a_keys = np.full(size, -1, np.int32)
+            lexdfa.rehash(a_keys, acc_off.astype(np.int64), acc_lex, n_acc)
+            changed = True
+        if changed:
+            self._D = D._replace(ms_off=ms_off, ms_mem=ms_mem, h_keys=h_keys, a_keys=a_keys, queue=queue,
+                                 defer=defer)
+        if published:
+            self.acc_lex, self.acc_off = acc_lex, acc_off
+            self._publish()
+
+    def _eager_expand(self, states, budget: int, spec_rows: bool = False) -> None:
+        """Expand ``states`` (and breadth first up to ``budget`` more, only those whose members'
+        DFA rows are built unless ``spec_rows``) in Numba (lock held)."""
+        seeds = [s for s in states if not self.expanded[s]]
+        if not seeds:
+            return
+        self._reserve(0, 0)
+        if self._D.queue.shape[0] < len(seeds) + 16:
+            q = 2 * len(seeds) + 16
+            self._D = self._D._replace(queue=np.zeros(q, np.int32), defer=np.zeros(q, np.int32))
+        D = self._D
+        D.queue[:len(seeds)] = seeds
+        cnt = D.cnt
+        cnt[4] = 0
+        cnt[5] = len(seeds)
+        cnt[7] = 0
+        cnt[8] = 0
+        cnt[9] = 0
+        cnt[10] = len(seeds)
+        while True:
+            st, s = _eager_expand(budget, spec_rows, self.max_states, self.hard_max_states, self._X, self.trans,
+                                 self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._D,
+                                  self._buf, self._pbuf, self._ibuf, self._abuf)
+            if st == lexdfa.DONE:
+                self._after_eager(0)
+                return
+            if st == lexdfa.NEED_ROWS:
+                D = self._D
+                n = int(D.cnt[8])
+                self._fill_rows(sorted(set(D.need[:n].tolist())))
+                D.cnt[8] = 0
+            elif st == lexdfa.NEED_ROOM:
+                D = self._D
+                self._reserve(1, int(D.ms_off[s + 1] - D.ms_off[s]))
+            else:
+                self._after_eager(-1)
 
     def _intern(self, members: tuple[tuple[int, int], ...]) -> int:
         s = self._state_ids.get(members)
@@ -238,12 +457,30 @@ class Lexer:
 
     def accepted_lexemes(self, s: int) -> tuple[int, ...]:
         k = int(self.state_acc[s])
-        return self._acc_sets[k] if k >= 0 else ()
+        if k < 0:
+            return ()
+        if self.eager:
+            return tuple(self.acc_lex[self.acc_off[k]:self.acc_off[k + 1]].tolist())
+        return self._acc_sets[k]
+
+    def expand_many(self, states, budget: int = 0) -> None:
+        """Expand every state of ``states`` (an eager lexer also up to ``budget`` more, breadth
+        first: see :data:`EAGER_RESOLVE_BUDGET`)."""
+        with self.lock, self.counting():
+            if self.eager:
+                self._eager_expand(states, budget)
+                return
+            for s in states:
+                if not self.expanded[s]:
+                    self.expand(s, 0)
 
     def expand(self, s: int, budget: int = 0) -> None:
         """Compute all 256 transitions of state ``s`` (and, breadth first, of up to ``budget``
         states it leads to that are not expanded yet)."""
         with self.lock, self.counting():
+            if self.eager:
+                self._eager_expand([s], budget)
+                return
             todo = [s]
             done = 0
             while todo:
@@ -298,13 +535,15 @@ class Lexer:
     def counting(self):
         """Count what the block adds to the ExprSet (under ``self.lock``) as this lexer's own."""
         ex = self.exprs
-        n0, d0, m0 = len(ex), len(ex._deriv), len(self._moves_cache)
+        packed = ex.__dict__.setdefault("_packed_trans", {})   # the compiled expansion's rows
+        n0, d0, m0, p0 = len(ex), len(ex._deriv), len(self._moves_cache), len(packed)
         try:
             yield
         finally:
             self.grown_nodes += max(0, len(ex) - n0)
             self.grown_derivs += max(0, len(ex._deriv) - d0)
             self.grown_moves += max(0, len(self._moves_cache) - m0)
+            self.grown_packed += max(0, len(packed) - p0)
 
     def held_bytes(self) -> int:
         """An estimate of the memory this generation holds: its arrays, its states (the member
@@ -313,12 +552,15 @@ class Lexer:
         :mod:`.membound`. The estimate the grammar cache's byte bound evicts by."""
         arrays = (self.trans.nbytes + self.state_acc.nbytes + self.expanded.nbytes + self.acc_off.nbytes
                   + self.acc_lex.nbytes + self.st_keys.nbytes + self.st_vals.nbytes)
+        if self.eager:   # the compiled expansion's lexeme DFAs and member store
+            arrays += sum(a.nbytes for a in self._X) + sum(a.nbytes for a in self._D)
         return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members
                    + self.grown_exprs_bytes())
 
     def grown_exprs_bytes(self) -> int:
         """The estimate of what this generation added to its ExprSet."""
-        return int(NODE_BYTES * self.grown_nodes + DERIV_BYTES * self.grown_derivs + MOVES_BYTES * self.grown_moves)
+        return int(NODE_BYTES * self.grown_nodes + DERIV_BYTES * self.grown_derivs + MOVES_BYTES * self.grown_moves
+                   + PACKED_BYTES * self.grown_packed)
 
     # ---------------------------------------------------------------- generations
     def successor(self) -> "Lexer":
@@ -329,7 +571,7 @@ class Lexer:
         memo: dict[int, int] = {}
         with self.lock:
             lexemes = [ex.import_expr(src, e, memo) for e in self.lexemes]
-        new = Lexer(ex, lexemes, self.max_states, generation=self.generation + 1)
+        new = Lexer(ex, lexemes, self.max_states, generation=self.generation + 1, eager=self.eager)
         new._imports[src] = memo
         if self.initial_state >= 0:
             new.initial_state = new.translate(self, self.initial_state)
@@ -338,13 +580,15 @@ class Lexer:
     def translate(self, old: "Lexer", s: int) -> int:
         """State ``s`` of lexer ``old`` (an earlier generation of the same grammar) as a state
         here: the same lexemes at equal expressions (imported), interned, not expanded."""
-        members = old._states[s]
+        members = old.state_members(s)
         with self.lock:
             memo = self._imports.get(old.exprs)
             if memo is None:
                 memo = self._imports[old.exprs] = {}
             imp = self.exprs.import_expr
             m = tuple(sorted([(lx, imp(old.exprs, e, memo)) for lx, e in members]))
+            if self.eager:
+                return self._eager_intern([self._g(lx, e) for lx, e in m])
             return self._intern(m)
 
     # ---------------------------------------------------------------- start states
@@ -353,8 +597,18 @@ class Lexer:
         with self.lock, self.counting():
             allowed = sorted(set(allowed))
             lexemes = self.lexemes
-            members = tuple([(lx, lexemes[lx]) for lx in allowed])
-            s = self._intern(members)
+            if self.eager:
+                g0 = self._g0
+                gs = []
+                for lx in allowed:
+                    g = g0[lx]
+                    if g < 0:
+                        g = g0[lx] = self._g(lx, lexemes[lx])
+                    gs.append(g)
+                s = self._eager_intern(gs)
+            else:
+                members = tuple([(lx, lexemes[lx]) for lx in allowed])
+                s = self._intern(members)
             arr = np.array(allowed, dtype=np.int32)
             key = int(lexeme_set_hash(arr, len(allowed)))
             if int(lookup_start(self.st_keys, self.st_vals, key)) == UNKNOWN:
@@ -388,5 +642,10 @@ class Lexer:
         keys[j] = key
 
     def warm_up(self, start: int, budget: int = 256) -> None:
-        """Expand states reachable from ``start`` breadth first, at most ``budget`` of them."""
+        """Expand states reachable from ``start`` breadth first, at most ``budget`` of them
+        (an eager lexer: at least :data:`EAGER_WARM_UP_BUDGET`)."""
+        if self.eager:
+            with self.lock, self.counting():
+                self._eager_expand([start], max(budget, EAGER_WARM_UP_BUDGET), spec_rows=True)
+            return
         self.expand(start, budget)

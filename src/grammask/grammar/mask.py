@@ -22,33 +22,11 @@ import numpy as np
 from numba import njit
 
 from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start
+from .lexdfa import FastCall  # noqa: F401 - defined there (the lexer uses it too), used from here
 
 #: a trie subtree of at most this many nodes skipped for a missing lexer state is recorded as a
 #: chain (``MissingRequests.chains``): Python builds the states of all of it in the same round
 CHAIN_NODES = 512
-
-
-class FastCall:
-    """Call a Numba kernel through the entry point of its one compiled signature, skipping the
-    dispatcher's type matching (which costs several microseconds for kernels with many array
-    arguments). The first call goes through the dispatcher (compiling or loading the cache);
-    if a second signature ever appears, every call goes through the dispatcher again."""
-
-    __slots__ = ("fn", "entry")
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.entry = None
-
-    def __call__(self, *args):
-        e = self.entry
-        if e is not None:
-            return e(*args)
-        r = self.fn(*args)
-        sigs = self.fn.signatures
-        if len(sigs) == 1:
-            self.entry = self.fn.overloads[sigs[0]].entry_point
-        return r
 
 
 #: a matcher's buffers for :func:`fill_mask`: lexer state and height per trie depth

@@ -68,6 +68,8 @@ STATE_BYTES = 400
 MEMBER_BYTES = 80
 #: one entry of an ExprSet's lexer-moves cache (a byte-class row and its target tuples)
 MOVES_BYTES = 1400
+#: one expression's packed transitions for the compiled lexer expansion (byte masks, targets)
+PACKED_BYTES = 400
 
 
 def alternatives_bytes(alternatives) -> int:
@@ -147,3 +149,14 @@ def charge(what: str, nbytes: int) -> None:
     m = _active.get()
     if m is not None:
         m.charge(what, nbytes)
+
+
+@contextmanager
+def suspended():
+    """No compile memory bound in this thread for the block (work bounded by its own limits,
+    such as the lexeme DFAs of :mod:`.lexdfa`, which a compile may or may not need)."""
+    token = _active.set(None)
+    try:
+        yield
+    finally:
+        _active.reset(token)

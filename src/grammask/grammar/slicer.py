@@ -223,7 +223,10 @@ class SliceChecker:
     """Per compiled grammar: which slices are fully allowed from a lexer state (cached)."""
 
     def __init__(self, lexer, patterns=JSON_STRING_SLICES):
-        self.lexer = lexer
+        # a weak reference: the lexer holds its checker (``lexer.slicer``), and a reference cycle
+        # would keep a replaced lexer generation (its tables: megabytes) until the cyclic garbage
+        # collector runs, which a workload making few Python objects may not trigger for long
+        self._lexer = weakref.ref(lexer)
         ex = lexer.exprs
         with lexer.lock:
             cache = ex.__dict__.setdefault("_slice_exprs", {})
@@ -231,6 +234,10 @@ class SliceChecker:
                 cache[patterns] = [slice_expr(p, ex) for p in patterns]
             self.exprs = cache[patterns]
         self._cache: dict[int, np.ndarray] = {}
+
+    @property
+    def lexer(self):
+        return self._lexer()
 
     def skip_flags(self, s: int) -> tuple[np.ndarray, int]:
         """(per-slice skip flags, their combination index) for lexer state ``s``."""

@@ -1,0 +1,413 @@
+"""Compiled expansion of lexer states: lazily built lexeme DFAs, subset construction in Numba (see docs/lexer.md, "Compiled expansion").
+
+A lexer state is a set of members, one per lexeme still possible: the lexeme and its derivative
+by the bytes read so far. Here a member is a *DFA state* of its lexeme, named by a small int
+``g`` (one numbering for all the lexemes of a lexer generation: ``g_lex[g]`` is the lexeme,
+``Lexer._g_expr[g]`` the derivative, ``g_null[g]`` whether it accepts). The lexemes' DFAs are built
+lazily too, one row at a time (:meth:`~.regexset.ExprSet.transitions`, memoised per ExprSet,
+so shared by every grammar of a compiler, written by :func:`fill_rows`): ``g_next[g * 256 + b]``
+is the next DFA state on byte ``b`` (-1 dead), valid once ``g_done[g]``. There are far fewer lexeme DFA states than
+lexer states (which are combinations of them), so the Python work is far smaller.
+
+:func:`eager_expand` builds the lexer states: per byte class it steps every member, interns the
+resulting member set in an open-addressing hash (member sets in flat arrays, :class:`ExpandStore`)
+and the set of accepted lexemes likewise, and writes the state's 256-entry ``trans`` row. It asks
+Python (a status) for the DFA rows it lacks and for room when an array is full, and is called
+again. The lexer states and transitions are exactly those of the derivative construction
+(``Lexer._expand_one``, still used when :data:`~.lexer.EAGER_LEXER` is off), numbered in another
+order.
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+class FastCall:
+    """Call a Numba kernel through the entry point of its one compiled signature, skipping the
+    dispatcher's type matching (which costs several microseconds for kernels with many array
+    arguments). The first call goes through the dispatcher (compiling or loading the cache);
+    if a second signature ever appears, every call goes through the dispatcher again."""
+
+    __slots__ = ("fn", "entry")
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.entry = None
+
+    def __call__(self, *args):
+        e = self.entry
+        if e is not None:
+            return e(*args)
+        r = self.fn(*args)
+        sigs = self.fn.signatures
+        if len(sigs) == 1:
+            self.entry = self.fn.overloads[sigs[0]].entry_point
+        return r
+
+
+#: kernel statuses
+DONE = 0
+NEED_ROOM = 1
+TOO_MANY = 2
+NEED_ROWS = 3
+
+#: the growing store of one lexer generation (see the module docstring and :func:`eager_expand`):
+#: member sets ``ms_mem[ms_off[s]:ms_off[s + 1]]`` (sorted ``g``) with their hash ``h_keys``, the
+#: hash ``a_keys`` of the accepted sets, the expansion queue, the states deferred for want of DFA
+#: rows and the DFA states whose rows they need, and ``cnt``: states, member slots used, accepted
+#: sets, accepted-lexeme slots used, queue head, queue tail, full flag, expansions done in this
+#: call, DFA states in ``need``, states in ``defer``, states asked for (at the queue's head)
+ExpandStore = namedtuple("ExpandStore", "ms_off ms_mem h_keys a_keys queue defer need cnt")
+#: the lexemes' DFAs (see the module docstring): ``rep[c]`` a byte of class ``c``; DFA state
+#: ``g`` is lexeme ``g_lex[g]`` at expression ``g_expr[g]``, found by ``g_keys`` (open addressing
+#: over the pair); ``g_cnt[0]`` DFA states
+LexemeDFAs = namedtuple("LexemeDFAs", "g_next g_null g_lex g_done g_expr g_keys g_cnt")
+
+
+def new_dfas(cap: int) -> LexemeDFAs:
+    return LexemeDFAs(np.full(cap * 256, -1, np.int32), np.zeros(cap, np.bool_),
+                      np.zeros(cap, np.int32), np.zeros(cap, np.bool_), np.zeros(cap, np.int64),
+                      np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64))
+
+
+def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
+    """``X`` with room for ``cap`` DFA states (arrays copied, the pair hash rebuilt)."""
+    C = 256
+    old = X.g_null.shape[0]
+    n = int(X.g_cnt[0])
+    nxt = np.full(cap * C, -1, np.int32)
+    nxt[:old * C] = X.g_next
+    arrs = []
+    for a in (X.g_null, X.g_lex, X.g_done, X.g_expr):
+        b = np.zeros(cap, a.dtype)
+        b[:old] = a
+        arrs.append(b)
+    keys = np.full(2 * cap, -1, np.int32)
+    _rehash_g(keys, arrs[3], arrs[1], n)
+    return X._replace(g_next=nxt, g_null=arrs[0], g_lex=arrs[1], g_done=arrs[2], g_expr=arrs[3], g_keys=keys)
+
+
+def packed_transitions(exprs, e: int):
+    """``transitions(e)`` as flat bytes (memoised per ExprSet, as a tuple of bytes that the
+    garbage collector stops tracking): the byte sets as 4 little-endian uint64 words each, the
+    targets (int64) and whether each target is nullable (uint8)."""
+    memo = exprs.__dict__.setdefault("_packed_trans", {})
+    r = memo.get(e)
+    if r is None:
+        tr = exprs.transitions(e)
+        r = (b"".join([m.to_bytes(32, "little") for m, _t in tr]),
+             np.array([t for _m, t in tr], np.int64).tobytes(),
+             bytes([1 if exprs.nullable(t) else 0 for _m, t in tr]))
+        if len(memo) >= 500_000:
+            memo.clear()
+        memo[e] = r
+    return r
+
+
+@njit(nogil=True, cache=True)
+def _g_hash(expr, lx):
+    h = np.uint64(expr) * np.uint64(0x9E3779B97F4A7C15) ^ (np.uint64(lx) + np.uint64(0x632BE59BD9B4E019))
+    h ^= h >> np.uint64(29)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(32)
+    return h
+
+
+@njit(nogil=True, cache=True)
+def _rehash_g(keys, g_expr, g_lex, n):
+    mask = keys.shape[0] - 1
+    for g in range(n):
+        j = np.int64(_g_hash(g_expr[g], g_lex[g]) & np.uint64(mask))
+        while keys[j] >= 0:
+            j = (j + 1) & mask
+        keys[j] = g
+
+
+@njit(nogil=True, cache=True)
+def g_intern(X, expr, lx, null):
+    """The DFA state of lexeme ``lx`` at expression ``expr`` (added without a row if new; room
+    must be reserved)."""
+    keys = X.g_keys
+    mask = keys.shape[0] - 1
+    j = np.int64(_g_hash(expr, lx) & np.uint64(mask))
+    while True:
+        g = keys[j]
+        if g < 0:
+            break
+        if X.g_expr[g] == expr and X.g_lex[g] == lx:
+            return g
+        j = (j + 1) & mask
+    g = X.g_cnt[0]
+    X.g_expr[g] = expr
+    X.g_lex[g] = lx
+    X.g_null[g] = null != 0
+    X.g_done[g] = False
+    keys[j] = g
+    X.g_cnt[0] = g + 1
+    return g
+
+
+@njit(nogil=True, cache=True)
+def fill_rows(gs, off, masks, targets, tnull, X):
+    """The DFA rows of the states ``gs``: state ``gs[i]`` moves on the byte sets
+    ``masks[off[i]:off[i + 1]]`` (4 uint64 words each) to the expressions ``targets`` (of the
+    same lexeme; nullable per ``tnull``), dead elsewhere. Room for ``off[-1]`` new DFA states must
+    be reserved."""
+    g_next = X.g_next
+    for i in range(gs.shape[0]):
+        g = gs[i]
+        if X.g_done[g]:
+            continue
+        lx = X.g_lex[g]
+        base = g * 256
+        for b in range(256):
+            g_next[base + b] = -1
+        for j in range(off[i], off[i + 1]):
+            t = g_intern(X, targets[j], lx, tnull[j])
+            for w in range(4):
+                x = masks[j, w]
+                while x:
+                    low = x & (~x + np.uint64(1))
+                    # index of the lowest set bit
+                    k = 0
+                    y = low
+                    while y > np.uint64(1):
+                        y >>= np.uint64(1)
+                        k += 1
+                    g_next[base + 64 * w + k] = t
+                    x ^= low
+        X.g_done[g] = True
+
+
+def new_store(cap_states: int, cap_mem: int, cap_acc: int) -> ExpandStore:
+    q = 2 * cap_states + 16
+    return ExpandStore(np.zeros(cap_states + 1, np.int64), np.zeros(cap_mem, np.int32),
+                       np.full(2 * cap_states, -1, np.int32), np.full(2 * cap_acc, -1, np.int32),
+                       np.zeros(q, np.int32), np.zeros(q, np.int32), np.zeros(1024, np.int32),
+                       np.zeros(11, np.int64))
+
+
+@njit(nogil=True, cache=True)
+def _hash_ints(a, lo, hi):
+    h = np.uint64(0x9E3779B97F4A7C15) ^ np.uint64(hi - lo)
+    for i in range(lo, hi):
+        h ^= np.uint64(a[i]) + np.uint64(0x9E3779B97F4A7C15) + (h << np.uint64(6)) + (h >> np.uint64(2))
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+@njit(nogil=True, cache=True)
+def rehash(keys, off, data, n):
+    """Insert the sets ``data[off[i]:off[i + 1]]``, ``i < n``, into the empty table ``keys``."""
+    mask = keys.shape[0] - 1
+    for s in range(n):
+        j = np.int64(_hash_ints(data, off[s], off[s + 1]) & np.uint64(mask))
+        while keys[j] >= 0:
+            j = (j + 1) & mask
+        keys[j] = s
+
+
+@njit(nogil=True, cache=True)
+def _sort(a, k):
+    """Sort ``a[:k]`` in place (insertion sort: sets are small)."""
+    for i in range(1, k):
+        x = a[i]
+        j = i - 1
+        while j >= 0 and a[j] > x:
+            a[j + 1] = a[j]
+            j -= 1
+        a[j + 1] = x
+
+
+@njit(nogil=True, cache=True)
+def _intern_acc(buf, k, acc_off, acc_lex, D):
+    """The id of the accepted-lexeme set ``buf[:k]`` (sorted), added if new (room reserved):
+    its lexemes and end offset are written before the id is used anywhere."""
+    cnt = D.cnt
+    a_keys = D.a_keys
+    mask = a_keys.shape[0] - 1
+    j = np.int64(_hash_ints(buf, 0, k) & np.uint64(mask))
+    while True:
+        a = a_keys[j]
+        if a < 0:
+            break
+        lo = acc_off[a]
+        if acc_off[a + 1] - lo == k:
+            same = True
+            for i in range(k):
+                if acc_lex[lo + i] != buf[i]:
+                    same = False
+                    break
+            if same:
+                return a
+        j = (j + 1) & mask
+    a = cnt[2]
+    used = cnt[3]
+    for i in range(k):
+        acc_lex[used + i] = buf[i]
+    acc_off[a + 1] = used + k
+    cnt[3] = used + k
+    cnt[2] = a + 1
+    a_keys[j] = a
+    return a
+
+
+@njit(nogil=True, cache=True)
+def intern_members(buf, k, X, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max):
+    """The lexer state whose members are the DFA states ``buf[:k]`` (sorted here), added if new (room
+    for one state of ``k`` members must be reserved). Returns its id, or -1 past ``hard_max``
+    states. Sets ``D.cnt[6]`` (the generation is full) once ``max_states`` are reached."""
+    cnt = D.cnt
+    h_keys = D.h_keys
+    ms_off = D.ms_off
+    ms_mem = D.ms_mem
+    mask = h_keys.shape[0] - 1
+    _sort(buf, k)
+    j = np.int64(_hash_ints(buf, 0, k) & np.uint64(mask))
+    while True:
+        s = h_keys[j]
+        if s < 0:
+            break
+        lo = ms_off[s]
+        if ms_off[s + 1] - lo == k:
+            same = True
+            for i in range(k):
+                if ms_mem[lo + i] != buf[i]:
+                    same = False
+                    break
+            if same:
+                return s
+        j = (j + 1) & mask
+    s = cnt[0]
+    if s + 1 >= max_states:
+        cnt[6] = 1
+        if s >= hard_max:
+            return -1
+    used = cnt[1]
+    for i in range(k):
+        ms_mem[used + i] = buf[i]
+    ms_off[s + 1] = used + k
+    cnt[1] = used + k
+    na = 0
+    g_null = X.g_null
+    g_lex = X.g_lex
+    for i in range(k):
+        if g_null[buf[i]]:
+            abuf[na] = g_lex[buf[i]]
+            na += 1
+    _sort(abuf, na)
+    # the accepted set before the state is visible (another thread's kernel may read it)
+    state_acc[s] = _intern_acc(abuf, na, acc_off, acc_lex, D) if na else -1
+    h_keys[j] = s
+    cnt[0] = s + 1
+    return s
+
+
+@njit(nogil=True, cache=True)
+def eager_expand(budget, spec_rows, max_states, hard_max, X, trans, state_acc, expanded, acc_off,
+                 acc_lex, D, buf, pbuf, ibuf, abuf):
+    """Expand the lexer states ``D.queue[cnt[4]:cnt[5]]``, and breadth first the new states they
+    lead to while fewer than ``budget`` expansions were made in this call (``cnt[7]``) and the
+    generation is not full. A state with a member whose DFA row is not built yet is deferred
+    (``D.defer``) and the member recorded (``D.need``) if it is one of the first ``cnt[10]`` of
+    the queue (those asked for) or ``spec_rows`` is set, else left alone (speculation builds no
+    rows: Python's derivatives are the cost); once the queue is done the deferred states are
+    queued again and the kernel returns NEED_ROWS: Python builds those rows and calls again (so
+    one round builds the rows of a whole frontier). Per byte, the members' moves are compared
+    with the previous byte's and interned only when they differ (runs of bytes that behave the
+    same: a byte-class alphabet found on the fly). Returns (status, state): DONE, NEED_ROWS;
+    NEED_ROOM when an array may be too small for the next state that the expansion of ``state``
+    adds (Python grows the arrays and calls again); TOO_MANY past ``hard_max`` states."""
+    cnt = D.cnt
+    queue = D.queue
+    ms_off = D.ms_off
+    ms_mem = D.ms_mem
+    need = D.need
+    defer = D.defer
+    g_next = X.g_next
+    g_done = X.g_done
+    while True:
+        while cnt[4] < cnt[5]:
+            s = queue[cnt[4]]
+            if expanded[s]:
+                cnt[4] += 1
+                continue
+            lo = ms_off[s]
+            m = ms_off[s + 1] - lo
+            ready = True
+            need_before = cnt[8]
+            for i in range(lo, lo + m):
+                g = ms_mem[i]
+                if not g_done[g]:
+                    ready = False
+                    if cnt[8] < need.shape[0]:
+                        need[cnt[8]] = g
+                        cnt[8] += 1
+            if not ready:
+                if spec_rows or cnt[4] < cnt[10]:
+                    defer[cnt[9]] = s
+                    cnt[9] += 1
+                else:
+                    cnt[8] = need_before
+                cnt[4] += 1
+                continue
+            cnt[4] += 1
+            base = s * 256
+            pk = -1
+            prev = -1
+            for b in range(256):
+                k = 0
+                for i in range(lo, lo + m):
+                    t = g_next[ms_mem[i] * 256 + b]
+                    if t >= 0:
+                        buf[k] = t
+                        k += 1
+                if k == pk:
+                    same = True
+                    for i in range(k):
+                        if buf[i] != pbuf[i]:
+                            same = False
+                            break
+                    if same:
+                        trans[base + b] = prev
+                        continue
+                for i in range(k):
+                    pbuf[i] = buf[i]
+                    ibuf[i] = buf[i]
+                pk = k
+                if k == 0:
+                    prev = -1
+                else:
+                    n0 = cnt[0]
+                    # room for one more state (the row is left part written: its entries are
+                    # either right or UNKNOWN, and the state is expanded again once Python made room)
+                    if (n0 + 2 > state_acc.shape[0] or cnt[1] + k > ms_mem.shape[0]
+                            or 2 * (n0 + 1) > D.h_keys.shape[0] or cnt[2] + 2 >= acc_off.shape[0]
+                            or cnt[3] + k > acc_lex.shape[0] or 2 * (cnt[2] + 1) > D.a_keys.shape[0]
+                            or cnt[5] + 1 > queue.shape[0]):
+                        cnt[4] -= 1
+                        return NEED_ROOM, s
+                    prev = intern_members(ibuf, k, X, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max)
+                    if prev < 0:
+                        return TOO_MANY, s
+                    if cnt[0] > n0 and cnt[7] < budget and cnt[6] == 0:
+                        queue[cnt[5]] = prev
+                        cnt[5] += 1
+                trans[base + b] = prev
+            expanded[s] = True
+            cnt[7] += 1
+        if cnt[9] == 0:
+            return DONE, 0
+        # the deferred states: queued again, for after their rows are built
+        nd = cnt[9]
+        for i in range(nd):
+            queue[i] = defer[i]
+        cnt[4] = 0
+        cnt[5] = nd
+        cnt[9] = 0
+        cnt[10] = nd
+        if cnt[8] > 0:
+            return NEED_ROWS, 0
