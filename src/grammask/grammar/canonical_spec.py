@@ -30,6 +30,7 @@ class CanonicalSpec:
     pre_tokenizer: Any                # a tokenizers PreTokenizer (pre_tokenize_str), or None
     whole_piece_rule: bool = False    # tiktoken / ignore_merges: a pre-token in the vocab is one token
     kind: str = "bpe"
+    split_pattern: str | None = None  # the pre-tokenizer is this one regex (Split, isolated): a fast path
     notes: list[str] = field(default_factory=list)
 
 
@@ -114,8 +115,15 @@ def spec_from_tokenizers_json(cfg: dict, token_bytes: list[bytes]) -> CanonicalS
                 _fail(f"vocabulary string {s!r} is not byte-level")
             if raw != token_bytes[i]:
                 _fail(f"token {i} bytes differ from the model's vocabulary")
+    split = None
+    steps = (cfg.get("pre_tokenizer") or {})
+    steps = steps.get("pretokenizers", [steps]) if steps else []
+    steps = [x for x in steps if not (x.get("type") == "ByteLevel" and not x.get("use_regex", True))]
+    if len(steps) == 1 and steps[0].get("type") == "Split" and "Regex" in steps[0].get("pattern", {}) \
+            and steps[0].get("behavior", "").lower() == "isolated":
+        split = steps[0]["pattern"]["Regex"]
     return CanonicalSpec(np.array(rules, np.int64).reshape(-1, 4), pre,
-                         whole_piece_rule=bool(model.get("ignore_merges")), kind="bpe")
+                         whole_piece_rule=bool(model.get("ignore_merges")), kind="bpe", split_pattern=split)
 
 
 def spec_from_ranks(ranks: dict[bytes, int], pat_str: str | None, token_bytes: list[bytes]) -> CanonicalSpec:
@@ -133,7 +141,8 @@ def spec_from_ranks(ranks: dict[bytes, int], pat_str: str | None, token_bytes: l
             if ia is not None and ib is not None:
                 rules.append((ia, ib, r, r))
     pre = pre_tokenizers.Split(Regex(pat_str), behavior="isolated") if pat_str else None
-    return CanonicalSpec(np.array(rules, np.int64).reshape(-1, 4), pre, whole_piece_rule=True, kind="tiktoken")
+    return CanonicalSpec(np.array(rules, np.int64).reshape(-1, 4), pre, whole_piece_rule=True, kind="tiktoken",
+                         split_pattern=pat_str)
 
 
 def canonical_spec(info, *, tokenizer: Any = None, pat_str: str | None = None,
