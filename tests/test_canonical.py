@@ -211,7 +211,13 @@ def _walks(info, compiled, encode, ct, n_walks, seed, max_len=60):
                 print("DEAD END", [info.token_bytes[i] for i in ids])
                 break
             st = [int(a) for a in allowed if a in stop]
-            t = st[0] if st and rng.random() < 0.4 else int(rng.choice(allowed))
+            short = [int(a) for a in allowed if len(info.token_bytes[a]) == 1]
+            if st and rng.random() < 0.4:
+                t = st[0]
+            elif short and rng.random() < 0.3:     # single bytes: closing brackets, commas, ...
+                t = rng.choice(short)
+            else:
+                t = int(rng.choice(allowed))
             assert m.accept_token(t)
             if t in stop:
                 break

@@ -27,6 +27,7 @@ canonical mask is then empty but for what the grammar needs; see :attr:`Canonica
 """
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import unicodedata
@@ -46,6 +47,7 @@ PROBES = [""] + _PROBE_CHARS + [a + b for a in " \t\n\r" for b in _PROBE_CHARS]
 _MAX_RUN = 3
 
 
+@functools.lru_cache(maxsize=65536)
 def _char_class(c: str) -> str:
     if c in " \n\r'":
         return c
@@ -59,6 +61,7 @@ def _char_class(c: str) -> str:
     return "."
 
 
+@functools.lru_cache(maxsize=65536)
 def rep_of(text: str) -> str:
     """Representative string of one token's (complete) text: same pre-tokenizer behaviour."""
     out = []
@@ -125,6 +128,9 @@ class CanonicalTokenizer:
         self._build_signatures()
         self.signature_seconds = time.perf_counter() - t0
         self._verdicts: OrderedDict = OrderedDict()
+        self._bounds: dict = {}
+        self._sig_verdicts: dict = {}   # region key -> verdict per signature
+        self._cuts: dict = {}           # region key -> index of the junction to cut at (-1: none)
         self._conflicts: OrderedDict = OrderedDict()
         self.max_cached_regions = 4096
         self.max_cached_conflicts = 2048
@@ -182,7 +188,17 @@ class CanonicalTokenizer:
         self._plain_ids = np.nonzero(plain)[0]
 
     # -------------------------------------------------------------- pre-tokenizer on representatives
-    def boundaries(self, s: str) -> set[int]:
+    def boundaries(self, s: str) -> frozenset:
+        """Pre-token boundaries of a representative string (positions, 0 excluded), memoised."""
+        hit = self._bounds.get(s)
+        if hit is None:
+            hit = frozenset(self._boundaries(s))
+            if len(self._bounds) > 200_000:
+                self._bounds.clear()
+            self._bounds[s] = hit
+        return hit
+
+    def _boundaries(self, s: str) -> set[int]:
         if not s:
             return set()
         if self.pre is None:
@@ -266,9 +282,7 @@ class CanonicalTokenizer:
                 self.stats["region_hits"] += 1
                 return hit
         region, junctions = key
-        v = np.empty(self.n_signatures, np.int8)
-        for s in range(self.n_signatures):
-            v[s] = self.judge(region, junctions, self.sig_rep[s], self.sig_tail[s])
+        v = self.sig_verdicts(key)
         tv = np.full(self.vocab_size, REJECT, np.int8)
         tv[self._plain_ids] = v[self.sig_of[self._plain_ids]]
         ok = _pack(tv == OK, self.n_words)
@@ -279,6 +293,36 @@ class CanonicalTokenizer:
             while len(self._verdicts) > self.max_cached_regions:
                 self._verdicts.popitem(last=False)
         return ok, need
+
+    def sig_verdicts(self, key: tuple) -> np.ndarray:
+        v = self._sig_verdicts.get(key)
+        if v is None:
+            region, junctions = key
+            v = np.empty(self.n_signatures, np.int8)
+            for s in range(self.n_signatures):
+                v[s] = self.judge(region, junctions, self.sig_rep[s], self.sig_tail[s])
+            if len(self._sig_verdicts) > self.max_cached_regions:
+                self._sig_verdicts.clear()
+            self._sig_verdicts[key] = v
+        return v
+
+    def cut_index(self, key: tuple) -> int:
+        """Index of the last junction of the region at which no future can move the
+        pre-tokenization (every probe has a boundary there and agrees before it); -1: none."""
+        c = self._cuts.get(key)
+        if c is None:
+            region, junc = key
+            sets = [{p for p in self.boundaries(region + f) if p <= len(region)} for f in PROBES]
+            c = -1
+            for i, (p, _) in enumerate(junc):
+                if all(p in x for x in sets):
+                    before = [{q for q in x if q <= p} for x in sets]
+                    if all(x == before[0] for x in before):
+                        c = i
+            if len(self._cuts) > 100_000:
+                self._cuts.clear()
+            self._cuts[key] = c
+        return c
 
     def conflict_words(self, a: int) -> np.ndarray:
         with self._lock:
@@ -439,7 +483,7 @@ class CanonicalState:
             s = int(ct.sig_of[t])
             if s < 0:
                 return False
-            v = ct.judge(region, junc, ct.sig_rep[s], ct.sig_tail[s])
+            v = int(ct.sig_verdicts((region, junc))[s])
         if v == OK:
             return True
         if v == NEED_PAIR:
@@ -544,21 +588,7 @@ class CanonicalState:
         consistent probe future (and before which every such future agrees)."""
         if self.pending or len(self.tokens) < 2:
             return
-        region, junc = self._region()
-        # every probe, consistent or not: a cut keeps no constraint on the future, so the structure
-        # up to the cut must not depend on it at all
-        sets = []
-        for f in PROBES:
-            bs = self.ct.boundaries(region + f)
-            sets.append({p for p in bs if p <= len(region)})
-        if not sets:
-            return
-        cut_i = -1
-        for i, (p, _) in enumerate(junc):
-            if all(p in s for s in sets):
-                before = [{q for q in s if q <= p} for s in sets]
-                if all(x == before[0] for x in before):
-                    cut_i = i
+        cut_i = self.ct.cut_index(self._region())
         if cut_i < 0:
             return
         k = self._jtok[cut_i]              # tokens[k:] stay
