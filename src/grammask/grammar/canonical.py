@@ -43,7 +43,8 @@ OK, NEED_PAIR, REJECT = 0, 1, 2
 _CONTRACTION = set("strevmld")
 _PROBE_CHARS = ["x", ".", " ", "\n", "1", "s", "'", "\t", "\r"]
 # the future matters through its next character and, after whitespace, through how the run goes on
-PROBES = [""] + _PROBE_CHARS + [a + b for a in " \t\n\r" for b in _PROBE_CHARS]
+PROBES = [""] + _PROBE_CHARS + [" x", " .", " 1", " \n", "  ", "\tx", "\t\n", "\n ", "\nx", "\n\n", "\r\n",
+                                 " '", "\t "]
 _MAX_RUN = 3
 
 
@@ -133,6 +134,8 @@ class CanonicalTokenizer:
         self._cuts: dict = {}           # region key -> index of the junction to cut at (-1: none)
         self._conflicts: OrderedDict = OrderedDict()
         self.max_cached_regions = 4096
+        #: a mask of at most this many tokens on a region not seen before is judged token by token
+        self.lazy_limit = 4096
         self.max_cached_conflicts = 2048
         self.stats = {"region_misses": 0, "region_hits": 0, "conflict_misses": 0, "conflict_hits": 0}
 
@@ -226,6 +229,22 @@ class CanonicalTokenizer:
         end = len(w)
         best = REJECT
         probes = PROBES[1:] if cand_tail else PROBES
+        if r and not cand_tail:
+            # what no future can change: the boundaries before the start of the last pre-token
+            # (under the empty future). A junction there that is no boundary can only pass the
+            # pair test; a boundary there inside the candidate or off the junctions rejects.
+            b0 = self.boundaries(w)
+            last = max((p for p in b0 if p < end), default=0)
+            fixed = {p for p in b0 if p < last}
+            if r < last and r not in fixed:
+                if any(r < p < end for p in fixed) or not self._consistent_upto(fixed, r, junctions, last):
+                    return REJECT
+                probes = [f for f in probes if not f] + [f for f in probes if f]
+                for f in probes:
+                    bs = self.boundaries(w + f)
+                    if self._consistent(bs, r, junctions) and not any(r < p < end for p in bs):
+                        return NEED_PAIR
+                return REJECT
         for f in probes:
             bs = self.boundaries(w + f)
             if not self._consistent(bs, r, junctions):
@@ -267,6 +286,13 @@ class CanonicalTokenizer:
                 return False
         return True
 
+    @staticmethod
+    def _consistent_upto(fixed: set, r: int, junctions: tuple, last: int) -> bool:
+        jpos = {p for p, _ in junctions}
+        if any(0 < p < r and p not in jpos for p in fixed):
+            return False
+        return all(ok or p in fixed for p, ok in junctions if p < last)
+
     def end_ok(self, region: str, junctions: tuple) -> bool:
         """The region may end the text here (a stop token)."""
         return self._consistent(self.boundaries(region), len(region), junctions)
@@ -294,16 +320,49 @@ class CanonicalTokenizer:
                 self._verdicts.popitem(last=False)
         return ok, need
 
-    def sig_verdicts(self, key: tuple) -> np.ndarray:
+    @functools.cached_property
+    def token_of_bytes(self) -> dict:
+        """bytes -> id of the tokens that may occur in a canonical sequence."""
+        tb = self.info.token_bytes
+        return {tb[t]: t for t in range(self.vocab_size) if tb[t] and self.bpe.reach[t]}
+
+    @functools.cached_property
+    def _sorted_tokens(self):
+        items = sorted(self.token_of_bytes.items())
+        return [b for b, _ in items], [t for _, t in items]
+
+    def tokens_starting_with(self, prefix: bytes, limit: int) -> list:
+        """Up to ``limit`` ids of tokens whose bytes start with ``prefix`` and are longer."""
+        import bisect
+
+        keys, ids = self._sorted_tokens
+        i = bisect.bisect_right(keys, prefix)
+        out = []
+        while i < len(keys) and keys[i].startswith(prefix) and len(out) < limit:
+            out.append(ids[i])
+            i += 1
+        return out
+
+    def cached_region_words(self, key: tuple):
+        with self._lock:
+            hit = self._verdicts.get(key)
+            if hit is not None:
+                self._verdicts.move_to_end(key)
+                self.stats["region_hits"] += 1
+            return hit
+
+    def sig_verdicts(self, key: tuple, sigs=None) -> np.ndarray:
+        """Verdict per signature for the region ``key`` (-1: not computed yet); computes those of
+        ``sigs`` (default: all) that are missing."""
         v = self._sig_verdicts.get(key)
         if v is None:
-            region, junctions = key
-            v = np.empty(self.n_signatures, np.int8)
-            for s in range(self.n_signatures):
-                v[s] = self.judge(region, junctions, self.sig_rep[s], self.sig_tail[s])
             if len(self._sig_verdicts) > self.max_cached_regions:
                 self._sig_verdicts.clear()
-            self._sig_verdicts[key] = v
+            v = self._sig_verdicts[key] = np.full(self.n_signatures, -1, np.int8)
+        region, junctions = key
+        todo = np.arange(self.n_signatures) if sigs is None else np.asarray(sigs, np.int64)
+        for s in todo[v[todo] < 0].tolist():
+            v[s] = self.judge(region, junctions, self.sig_rep[s], self.sig_tail[s])
         return v
 
     def cut_index(self, key: tuple) -> int:
@@ -338,6 +397,17 @@ class CanonicalTokenizer:
             while len(self._conflicts) > self.max_cached_conflicts:
                 self._conflicts.popitem(last=False)
         return w
+
+
+def _ids_of(words: np.ndarray, limit: int):
+    """Ids of the set bits of ``words``, or None when more than ``limit`` words are non-zero
+    (cheap on a wide mask: only the non-zero words are expanded)."""
+    nz = np.flatnonzero(words)
+    if len(nz) > limit:
+        return None
+    bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(-1, 32)
+    r, c = np.nonzero(bits)
+    return nz[r].astype(np.int64) * 32 + c
 
 
 def _pack(mask: np.ndarray, n_words: int) -> np.ndarray:
@@ -436,7 +506,15 @@ class CanonicalState:
         if self.pending:
             self._raw_filter(words)
             return
-        ok, need = ct.region_words(self._region())
+        key = self._region()
+        hit = ct.cached_region_words(key)
+        if hit is None:
+            ids = _ids_of(words, ct.lazy_limit)
+            if ids is not None and len(ids) <= ct.lazy_limit:
+                self._lazy_filter(words, key, ids)
+                return
+            hit = ct.region_words(key)
+        ok, need = hit
         if self.last >= 0 and self.tokens:
             conf = ct.conflict_words(self.last)
             allow = ok | (need & ~conf)
@@ -444,6 +522,28 @@ class CanonicalState:
             allow = ok | need
         n = allow.shape[0]
         words[:n] &= allow
+
+    def _lazy_filter(self, words: np.ndarray, key: tuple, ids: np.ndarray) -> None:
+        """The verdicts of only the signatures of the tokens the grammar allows (a small mask on
+        a region not seen before: forced or enumerated text)."""
+        ct = self.ct
+        sigs = ct.sig_of[ids]
+        valid = sigs >= 0
+        v = ct.sig_verdicts(key, np.unique(sigs[valid]).tolist())
+        tv = np.full(len(ids), REJECT, np.int8)
+        tv[valid] = v[sigs[valid]]
+        keep = tv == OK
+        need = tv == NEED_PAIR
+        if need.any():
+            if self.last >= 0 and self.tokens:
+                conf = ct.conflict_words(self.last)
+                cbit = (conf[ids >> 5] >> (ids & 31).astype(np.uint32)) & np.uint32(1)
+                keep |= need & (cbit == 0)
+            else:
+                keep |= need
+        words[:] = 0
+        k = ids[keep]
+        np.bitwise_or.at(words, k >> 5, np.left_shift(np.uint32(1), (k & 31).astype(np.uint32)))
 
     def _raw_filter(self, words: np.ndarray) -> None:
         """After an unfinished character: only tokens starting with continuation bytes fit; each is
@@ -522,24 +622,49 @@ class CanonicalState:
         self.push_marker()
         self.tokens, self.pair_ok, self.last, self.pending, self._key = (), (), -1, b"", None
 
-    #: masks with at most this many tokens get the lookahead of :meth:`prune_dead_ends`
-    lookahead_limit = 64
-    #: how deep the lookahead goes, and how many masks it may compute per call
-    lookahead_depth = 6
-    lookahead_budget = 256
+    #: the grammar-driven lookahead of :meth:`prune_dead_ends` runs on masks of at most this many
+    #: tokens, this deep, computing at most this many masks per call
+    lookahead_limit = 8
+    lookahead_depth = 3
+    lookahead_budget = 24
 
     def prune_dead_ends(self, matcher, words: np.ndarray) -> None:
-        """Lookahead: drop a candidate after which no canonical continuation reaches the end of
-        the text or a wide choice, e.g. ``{`` when the grammar forces ``"`` next and the tokenizer
-        writes ``{"`` as one token, or `` n`` when it forces ``ull`` and `` null`` is one token.
-        Done when the mask is small (forced or enumerated text, where dead ends live): a depth-first
-        search over canonical masks of at most ``lookahead_limit`` tokens, ``lookahead_depth``
-        deep; a branch that reaches a wider mask, the depth or the budget counts as viable."""
+        """Lookahead against dead ends: drop a candidate after which no canonical continuation
+        exists, e.g. ``{`` when the grammar forces ``"name"`` next and the tokenizer writes ``{"``
+        as one token.
+
+        1. Forced text ``F`` (the grammar's jump-forward bytes from here): a candidate that is a
+           proper prefix of ``F`` must be followed by tokens spelling the rest of ``F`` (or a token
+           running past its end), each canonical after the previous one: a search along ``F`` on
+           the tokenizer side only (memoised per call; no grammar call).
+        2. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
+           canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
+           at most; a branch reaching a wider mask, the depth or the budget counts as viable.
+        A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
         if getattr(self, "_in_lookahead", False):
             return
-        bits = np.unpackbits(words.view(np.uint8), bitorder="little")
-        cand = np.nonzero(bits)[0]
-        if len(cand) == 0 or len(cand) > self.lookahead_limit:
+        forced = matcher.find_jump_forward_bytes(256)
+        checked = set()
+        if forced:
+            ct = self.ct
+            memo: dict = {}
+            self._fork = None
+            self._matcher = matcher
+            for k in range(1, len(forced)):
+                t = ct.token_of_bytes.get(forced[:k])
+                if t is None or not (words[t >> 5] >> np.uint32(t & 31)) & 1:
+                    continue
+                checked.add(t)
+                self.push(t)
+                try:
+                    ok = self._forced_viable(forced, k, memo)
+                finally:
+                    self.pop()
+                if not ok:
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+            self._fork = self._matcher = None
+        cand = _ids_of(words, self.lookahead_limit)
+        if cand is None or len(cand) == 0 or len(cand) > self.lookahead_limit:
             return
         stops = set(matcher.stop_token_ids)
         self._in_lookahead = True
@@ -547,12 +672,57 @@ class CanonicalState:
         try:
             for t in cand:
                 t = int(t)
-                if t in stops:
+                if t in stops or t in checked:
                     continue
                 if not self._viable_after(matcher, t, self.lookahead_depth, words.shape[0], stops):
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
         finally:
             self._in_lookahead = False
+
+    #: at most this many tokens running past the end of the forced text are tried per position
+    forced_overrun_tries = 256
+
+    def _grammar_takes(self, data: bytes) -> bool:
+        """Does the grammar accept ``data`` from the state the lookahead started in?"""
+        if self._fork is None:
+            self._fork = self._matcher.fork()
+        if not self._fork.accept_string(data):
+            return False
+        self._fork.rollback(1)
+        return True
+
+    def _forced_viable(self, forced: bytes, pos: int, memo: dict) -> bool:
+        """Can the (already pushed) token sequence, which spells ``forced[:pos]``, go on canonically
+        with tokens spelling ``forced[pos:]`` (the last one may run past its end, if the grammar
+        takes what it adds)?"""
+        rest = forced[pos:]
+        if not rest:
+            return True
+        key = (self._region(), self.last, self.pending, len(rest))
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        ct = self.ct
+        res = False
+        for k in range(1, len(rest) + 1):
+            r = ct.token_of_bytes.get(rest[:k])
+            if r is None or not self.allows(r):
+                continue
+            self.push(r)
+            try:
+                res = self._forced_viable(forced, pos + k, memo)
+            finally:
+                self.pop()
+            if res:
+                break
+        if not res:
+            tb = ct.info.token_bytes
+            for r in ct.tokens_starting_with(rest, self.forced_overrun_tries):
+                if self.allows(r) and self._grammar_takes(forced[:pos] + tb[r]):
+                    res = True
+                    break
+        memo[key] = res
+        return res
 
     def _viable_after(self, matcher, t: int, depth: int, n_words: int, stops) -> bool:
         if not matcher.accept_token(t):
