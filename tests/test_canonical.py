@@ -357,3 +357,23 @@ def test_unsupported_tokenizer_raises_a_typed_error():
     compiled = GrammarCompiler(raw).compile_regex("a+")
     with pytest.raises(CanonicalTokenizationError):
         GrammarMatcher(compiled, canonical=True)
+
+
+def test_engine_option_checks_the_tokenizer_up_front():
+    from grammask.pipeline.engine import AsyncEngine
+    from grammask.pipeline.scripted import ScriptedBackend
+
+    with pytest.raises(CanonicalTokenizationError, match="keeps no tokenizer"):
+        AsyncEngine(ScriptedBackend(lambda prompt: "{}"), canonical=True)
+    AsyncEngine(ScriptedBackend(lambda prompt: "{}"))   # off by default
+
+
+def test_disk_cache_round_trip(small, tmp_path):
+    info, tok, _ = small
+    a = TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path)
+    c1 = CanonicalTokenizer.from_info(a)
+    assert list(tmp_path.rglob("bpecanon-*.npz"))
+    b = TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path)
+    c2 = CanonicalTokenizer.from_info(b)
+    for k in c1.bpe.ARRAYS:
+        assert np.array_equal(getattr(c1.bpe, k), getattr(c2.bpe, k)), k
