@@ -598,7 +598,8 @@ class CanonicalState:
 
     def push(self, t: int) -> None:
         ct = self.ct
-        self._hist.append((self.tokens, self.pair_ok, self.last, self.pending, self._key))
+        self._hist.append((self.tokens, self.pair_ok, self.last, self.pending, self._key,
+                           getattr(self, "_jtok", None)))
         b = ct.info.token_bytes[t]
         pok = True if not self.tokens else ct.bpe.pair_ok(self.last, t)
         tokens = self.tokens + (t,)
@@ -609,12 +610,12 @@ class CanonicalState:
         self._settle()
 
     def pop(self) -> None:
-        self.tokens, self.pair_ok, self.last, self.pending, self._key = self._hist.pop()
-        self._key = None
+        self.tokens, self.pair_ok, self.last, self.pending, self._key, self._jtok = self._hist.pop()
 
     def push_marker(self) -> None:
         """A step that changes nothing here (a stop token), kept for rollback."""
-        self._hist.append((self.tokens, self.pair_ok, self.last, self.pending, self._key))
+        self._hist.append((self.tokens, self.pair_ok, self.last, self.pending, self._key,
+                           getattr(self, "_jtok", None)))
 
     def push_text(self) -> None:
         """Raw text accepted with ``accept_string``: not tokens, so the next token starts afresh
@@ -643,7 +644,9 @@ class CanonicalState:
         A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
         if getattr(self, "_in_lookahead", False):
             return
-        forced = matcher.find_jump_forward_bytes(256)
+        # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
+        # then every candidate starts with them: a wide mask has none (skip the forced-text call)
+        forced = matcher.find_jump_forward_bytes(256) if _ids_of(words, 512) is not None else b""
         checked = set()
         if forced:
             ct = self.ct
