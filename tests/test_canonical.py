@@ -377,3 +377,61 @@ def test_disk_cache_round_trip(small, tmp_path):
     c2 = CanonicalTokenizer.from_info(b)
     for k in c1.bpe.ARRAYS:
         assert np.array_equal(getattr(c1.bpe, k), getattr(c2.bpe, k)), k
+
+
+CONTINUATIONS = [""] + [a + b for a in ["", " ", "  ", "\n", "\t"] for b in
+                        ["", "a", "x", "ab", "hello", "1", "42", ".", ",", '"', "{", "}", ":", " ", "\n", "'s", "-"]]
+
+
+def test_each_step_matches_the_oracle_over_many_continuations(small, monkeypatch):
+    _each_step(small[0], small[2], monkeypatch, per_step=None, walks=6, steps=12, min_checked=5000, min_blocked=200)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["llama3", "qwen", "smollm2"])
+def test_each_step_matches_the_oracle_on_real_tokenizers(which, monkeypatch):
+    info, ct, encode = _real(which)
+    _each_step(info, encode, monkeypatch, per_step=150, walks=2, steps=8, min_checked=1500, min_blocked=50,
+               ct=ct)
+
+
+def _each_step(info, encode, monkeypatch, *, per_step, walks, steps, min_checked, min_blocked, ct=None):
+    """At every step of random walks through a nearly free ASCII grammar, for every token of the
+    small BPE: a token the canonical condition allows is canonical after the sequence for some
+    continuation text, and a token it blocks is canonical for none (lookahead off: the per-step
+    condition alone)."""
+    from grammask.grammar.canonical import CanonicalState
+
+    monkeypatch.setattr(CanonicalState, "lookahead", False)
+    ct = ct or canonical_tokenizer(info)
+    compiled = GrammarCompiler(info).compile_regex(r"[a-z0-9 .,:{}\"'\n\t-]{0,40}")
+    V, tb = info.vocab_size, info.token_bytes
+    ascii_ids = [t for t in range(V) if tb[t] and tb[t].isascii() and ct.bpe.reach[t]]
+    ascii_set = set(ascii_ids)
+    rng = random.Random(11)
+    checked = blocked = 0
+    for _ in range(walks):
+        m = GrammarMatcher(compiled, canonical=ct)
+        plain = GrammarMatcher(compiled)
+        ids: list[int] = []
+        for _ in range(steps):
+            allowed = set(_allowed(m, V).tolist())
+            grammar = set(_allowed(plain, V).tolist())
+            prefix = info.decode(ids).decode()
+            pool = ascii_ids if per_step is None else (
+                rng.sample(ascii_ids, per_step) + [t for t in grammar - allowed if t in ascii_set][:per_step])
+            for t in pool:
+                if t not in grammar:
+                    continue
+                want = ids + [t]
+                ok = any(encode(prefix + tb[t].decode() + c)[: len(want)] == want for c in CONTINUATIONS)
+                assert ok == (t in allowed), (prefix, tb[t], ok)
+                checked += 1
+                blocked += not ok
+            choices = [t for t in allowed if t in ascii_ids]
+            if not choices:
+                break
+            t = rng.choice(choices)
+            assert m.accept_token(t) and plain.accept_token(t)
+            ids.append(t)
+    assert checked > min_checked and blocked > min_blocked, (checked, blocked)

@@ -623,6 +623,8 @@ class CanonicalState:
         self.push_marker()
         self.tokens, self.pair_ok, self.last, self.pending, self._key = (), (), -1, b"", None
 
+    #: False: no lookahead at all (the mask is then the per-step canonical condition only)
+    lookahead = True
     #: the grammar-driven lookahead of :meth:`prune_dead_ends` runs on masks of at most this many
     #: tokens, this deep, computing at most this many masks per call
     lookahead_limit = 8
@@ -642,7 +644,7 @@ class CanonicalState:
            canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
            at most; a branch reaching a wider mask, the depth or the budget counts as viable.
         A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
-        if getattr(self, "_in_lookahead", False):
+        if getattr(self, "_in_lookahead", False) or not self.lookahead:
             return
         # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
         # then every candidate starts with them: a wide mask has none (skip the forced-text call)
