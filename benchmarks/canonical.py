@@ -136,6 +136,7 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
 
     from grammask.adapters.models import load_backend
 
+    torch.set_num_threads(1)   # a shared machine: one thread is steadier
     backend = load_backend()
     info = backend.tokenizer_info
     ct = CanonicalTokenizer.from_info(info)
@@ -146,7 +147,7 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
     out = {}
     for canonical in (False, True):
-        noncanon = finished = 0
+        noncanon = finished = dead = 0
         t0 = time.perf_counter()
         for i in range(n_samples):
             m = GrammarMatcher(g, canonical=ct if canonical else False)
@@ -159,6 +160,8 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
                 m.fill_words(words)
                 allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: logits.shape[0]].astype(bool)
                 if not allowed.any():
+                    dead += 1
+                    print(f"  dead end after {info.decode(ids)[-40:]!r}", file=sys.stderr, flush=True)
                     break
                 lg = logits.clone()
                 lg[~torch.from_numpy(allowed)] = -float("inf")
@@ -171,9 +174,14 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
             backend.release(seq) if hasattr(backend, "release") else None
             finished += m.is_terminated()
             text = info.decode(ids).decode("utf-8", "replace")
-            if backend.encode(text) != ids:
+            # unfinished (length): the last two tokens may still be re-split by what would follow
+            re_ids = backend.encode(text)
+            if (re_ids != ids) if m.is_terminated() else (re_ids[: max(0, len(ids) - 2)] != ids[:-2]):
                 noncanon += 1
-        out[canonical] = (noncanon, n_samples, finished, time.perf_counter() - t0)
+            print(f"  sample {i + 1}/{n_samples} canonical={canonical}: {len(ids)} tokens, "
+                  f"{time.perf_counter() - t0:.1f} s, non-canonical so far {noncanon}: {text[:60]!r}",
+                  file=sys.stderr, flush=True)
+        out[canonical] = (noncanon, n_samples, finished, dead, time.perf_counter() - t0)
     return out
 
 
@@ -185,6 +193,7 @@ def main():
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--no-model", action="store_true")
+    ap.add_argument("--no-masks", action="store_true", help="only the tokenizer side and the sampling")
     ap.add_argument("--results", default=None)
     args = ap.parse_args()
 
@@ -198,7 +207,7 @@ def main():
                        rows), ""]
     print("\n".join(lines))
     ct = sides[0][2]
-    for label in ("first pass (each pre-token region judged when first seen)",
+    for label in () if args.no_masks else ("first pass (each pre-token region judged when first seen)",
                   "second pass over the same sample (region verdicts cached, as in a running server)"):
         p, c, n_inst, n_ok, n_schemas = mask_times(info, ct, Path(args.data), args.every, args.max_schemas)
         pm, cm = statistics.mean(p) / 1e3, statistics.mean(c) / 1e3
@@ -216,8 +225,11 @@ def main():
     if not args.no_model:
         s = sampling(args.samples, args.max_tokens)
         part = ["Embedded model (SmolLM2-135M, CPU), JSON schema, temperature 1:", "",
-                md_table(["mode", "non-canonical", "samples", "finished", "seconds"],
-                         [["canonical" if k else "plain", v[0], v[1], v[2], fmt(v[3], 1)] for k, v in s.items()]), ""]
+                md_table(["mode", "non-canonical", "samples", "finished", "dead ends", "seconds"],
+                         [["canonical" if k else "plain", v[0], v[1], v[2], v[3], fmt(v[4], 1)]
+                          for k, v in s.items()]),
+                "", "A sample is non-canonical when the tokenizer's encoding of its text differs from the "
+                "sampled ids (for a sample cut by the token limit, all but its last two tokens).", ""]
         print("\n".join(part))
         lines += part
     if args.results:
