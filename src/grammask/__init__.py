@@ -10,6 +10,7 @@ Layers: ``grammar`` imports neither ``pipeline`` nor ``adapters``; ``pipeline`` 
 """
 from . import errors
 from .grammar import (
+    CanonicalTokenizer,
     CompiledGrammar,
     Grammar,
     GrammarCompiler,
@@ -18,6 +19,7 @@ from .grammar import (
     allocate_token_bitmask,
     apply_token_bitmask_inplace,
     bitmask_words,
+    canonical_tokenizer,
     fill_next_token_bitmasks,
     reset_token_bitmask,
     unpack_bitmask,
@@ -26,7 +28,7 @@ from .grammar import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "CompiledGrammar", "Grammar", "GrammarCompiler", "GrammarMatcher", "TokenizerInfo",
-    "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_words", "errors",
+    "CanonicalTokenizer", "CompiledGrammar", "Grammar", "GrammarCompiler", "GrammarMatcher", "TokenizerInfo",
+    "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_words", "canonical_tokenizer", "errors",
     "fill_next_token_bitmasks", "reset_token_bitmask", "unpack_bitmask", "__version__",
 ]

