@@ -301,12 +301,9 @@ class CanonicalTokenizer:
     def region_words(self, key: tuple) -> tuple[np.ndarray, np.ndarray]:
         """(ok_words, need_pair_words) over the plain tokens for the region ``key`` =
         (representative, junctions)."""
-        with self._lock:
-            hit = self._verdicts.get(key)
-            if hit is not None:
-                self._verdicts.move_to_end(key)
-                self.stats["region_hits"] += 1
-                return hit
+        hit = self.cached_region_words(key)
+        if hit is not None:
+            return hit
         region, junctions = key
         v = self.sig_verdicts(key)
         tv = np.full(self.vocab_size, REJECT, np.int8)

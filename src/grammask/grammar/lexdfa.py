@@ -211,6 +211,29 @@ def rehash(keys, off, data, n):
 
 
 @njit(nogil=True, cache=True)
+def _find_set(keys, off, data, buf, k):
+    """Look the set ``buf[:k]`` up in a store of sets ``data[off[i]:off[i + 1]]`` indexed by the
+    open-addressing table ``keys`` (-1: empty slot). Returns (its id or -1, the slot where it is
+    or where it goes)."""
+    mask = keys.shape[0] - 1
+    j = np.int64(_hash_ints(buf, 0, k) & np.uint64(mask))
+    while True:
+        s = keys[j]
+        if s < 0:
+            return -1, j
+        lo = off[s]
+        if off[s + 1] - lo == k:
+            same = True
+            for i in range(k):
+                if data[lo + i] != buf[i]:
+                    same = False
+                    break
+            if same:
+                return s, j
+        j = (j + 1) & mask
+
+
+@njit(nogil=True, cache=True)
 def _sort(a, k):
     """Sort ``a[:k]`` in place (insertion sort: sets are small)."""
     for i in range(1, k):
@@ -228,22 +251,9 @@ def _intern_acc(buf, k, acc_off, acc_lex, D):
     its lexemes and end offset are written before the id is used anywhere."""
     cnt = D.cnt
     a_keys = D.a_keys
-    mask = a_keys.shape[0] - 1
-    j = np.int64(_hash_ints(buf, 0, k) & np.uint64(mask))
-    while True:
-        a = a_keys[j]
-        if a < 0:
-            break
-        lo = acc_off[a]
-        if acc_off[a + 1] - lo == k:
-            same = True
-            for i in range(k):
-                if acc_lex[lo + i] != buf[i]:
-                    same = False
-                    break
-            if same:
-                return a
-        j = (j + 1) & mask
+    found, j = _find_set(a_keys, acc_off, acc_lex, buf, k)
+    if found >= 0:
+        return found
     a = cnt[2]
     used = cnt[3]
     for i in range(k):
@@ -264,23 +274,10 @@ def intern_members(buf, k, X, state_acc, acc_off, acc_lex, D, abuf, max_states, 
     h_keys = D.h_keys
     ms_off = D.ms_off
     ms_mem = D.ms_mem
-    mask = h_keys.shape[0] - 1
     _sort(buf, k)
-    j = np.int64(_hash_ints(buf, 0, k) & np.uint64(mask))
-    while True:
-        s = h_keys[j]
-        if s < 0:
-            break
-        lo = ms_off[s]
-        if ms_off[s + 1] - lo == k:
-            same = True
-            for i in range(k):
-                if ms_mem[lo + i] != buf[i]:
-                    same = False
-                    break
-            if same:
-                return s
-        j = (j + 1) & mask
+    found, j = _find_set(h_keys, ms_off, ms_mem, buf, k)
+    if found >= 0:
+        return found
     s = cnt[0]
     if s + 1 >= max_states:
         cnt[6] = 1

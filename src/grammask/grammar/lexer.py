@@ -153,6 +153,17 @@ def lookup_start(st_keys: np.ndarray, st_vals: np.ndarray, key: np.int64) -> np.
         j = (j + 1) & mask
 
 
+def _grown(a: np.ndarray, need: int, used: int) -> np.ndarray:
+    """A copy of ``a``'s first ``used`` entries in a zeroed array of ``a``'s size doubled until it
+    holds ``need`` entries."""
+    size = a.shape[0]
+    while need > size:
+        size *= 2
+    b = np.zeros(size, a.dtype)
+    b[:used] = a[:used]
+    return b
+
+
 class Lexer:
     """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
 
@@ -323,11 +334,7 @@ class Lexer:
             ms_off[:n + 1] = D.ms_off[:n + 1]
             changed = True
         if mem_used + n_new * m > ms_mem.shape[0]:
-            size = ms_mem.shape[0]
-            while mem_used + n_new * m > size:
-                size *= 2
-            ms_mem = np.zeros(size, np.int32)
-            ms_mem[:mem_used] = D.ms_mem[:mem_used]
+            ms_mem = _grown(ms_mem, mem_used + n_new * m, mem_used)
             changed = True
         if 2 * (n + n_new) > h_keys.shape[0]:
             size = h_keys.shape[0]
@@ -347,18 +354,10 @@ class Lexer:
         acc_off, acc_lex = self.acc_off, self.acc_lex
         published = False
         if n_acc + n_new + 1 >= acc_off.shape[0]:
-            size = acc_off.shape[0] - 1
-            while n_acc + n_new + 1 >= size + 1:
-                size *= 2
-            acc_off = np.zeros(size + 1, np.int32)
-            acc_off[:n_acc + 1] = self.acc_off[:n_acc + 1]
+            acc_off = _grown(acc_off, n_acc + n_new + 2, n_acc + 1)
             published = True
         if acc_used + n_new * m > acc_lex.shape[0]:
-            size = acc_lex.shape[0]
-            while acc_used + n_new * m > size:
-                size *= 2
-            acc_lex = np.zeros(size, np.int32)
-            acc_lex[:acc_used] = self.acc_lex[:acc_used]
+            acc_lex = _grown(acc_lex, acc_used + n_new * m, acc_used)
             published = True
         if 2 * (n_acc + n_new) > a_keys.shape[0]:
             size = a_keys.shape[0]
