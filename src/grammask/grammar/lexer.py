@@ -164,6 +164,17 @@ def _grown(a: np.ndarray, need: int, used: int) -> np.ndarray:
     return b
 
 
+def _rehashed(keys: np.ndarray, need: int, off: np.ndarray, data: np.ndarray, n: int) -> np.ndarray:
+    """A set table (see :func:`.lexdfa.rehash`) of ``keys``' size doubled until it has ``need``
+    slots, holding the ``n`` sets ``data[off[i]:off[i + 1]]``."""
+    size = keys.shape[0]
+    while need > size:
+        size *= 2
+    new = np.full(size, -1, np.int32)
+    lexdfa.rehash(new, off, data, n)
+    return new
+
+
 class Lexer:
     """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
 
@@ -337,11 +348,7 @@ class Lexer:
             ms_mem = _grown(ms_mem, mem_used + n_new * m, mem_used)
             changed = True
         if 2 * (n + n_new) > h_keys.shape[0]:
-            size = h_keys.shape[0]
-            while 2 * (n + n_new) > size:
-                size *= 2
-            h_keys = np.full(size, -1, np.int32)
-            lexdfa.rehash(h_keys, ms_off, ms_mem, n)
+            h_keys = _rehashed(h_keys, 2 * (n + n_new), ms_off, ms_mem, n)
             changed = True
         if queue.shape[0] < 2 * cap + 16 + n_new:
             q = np.zeros(2 * cap + 16 + n_new, np.int32)
@@ -360,11 +367,7 @@ class Lexer:
             acc_lex = _grown(acc_lex, acc_used + n_new * m, acc_used)
             published = True
         if 2 * (n_acc + n_new) > a_keys.shape[0]:
-            size = a_keys.shape[0]
-            while 2 * (n_acc + n_new) > size:
-                size *= 2
-            a_keys = np.full(size, -1, np.int32)
-            lexdfa.rehash(a_keys, acc_off.astype(np.int64), acc_lex, n_acc)
+            a_keys = _rehashed(a_keys, 2 * (n_acc + n_new), acc_off.astype(np.int64), acc_lex, n_acc)
             changed = True
         if changed:
             self._D = D._replace(ms_off=ms_off, ms_mem=ms_mem, h_keys=h_keys, a_keys=a_keys, queue=queue,
