@@ -56,11 +56,6 @@ def _depth_bounded(what: str):
     return wrap
 
 
-def _lexer_bytes(lx) -> int:
-    return int(lx.trans.nbytes + lx.state_acc.nbytes + lx.expanded.nbytes + lx.acc_off.nbytes
-               + lx.acc_lex.nbytes + lx.st_keys.nbytes + lx.st_vals.nbytes)
-
-
 @contextmanager
 def _memory_bounded(limit: int | None):
     """A compile under the memory bound ``limit`` (see :mod:`.membound`); a ``MemoryError``
@@ -144,7 +139,7 @@ class GrammarCompiler:
         with _memory_bounded(self.max_compile_memory_bytes) as mem:
             cg = build()
             cg.compile_bytes = mem.total   # the lexer is counted by the grammar's own estimate
-            mem.charge("lexer tables", _lexer_bytes(cg.lexer))
+            mem.charge("lexer tables", cg.lexer.table_bytes())
         return cg
 
     def _cached(self, key: tuple, build) -> CompiledGrammar:

@@ -89,11 +89,16 @@ def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
     return X._replace(g_next=nxt, g_null=arrs[0], g_lex=arrs[1], g_done=arrs[2], g_expr=arrs[3], g_keys=keys)
 
 
+def packed_memo(exprs) -> dict:
+    """The ExprSet's memo of :func:`packed_transitions` (expression -> packed row)."""
+    return exprs.__dict__.setdefault("_packed_trans", {})
+
+
 def packed_transitions(exprs, e: int):
     """``transitions(e)`` as flat bytes (memoised per ExprSet, as a tuple of bytes that the
     garbage collector stops tracking): the byte sets as 4 little-endian uint64 words each, the
     targets (int64) and whether each target is nullable (uint8)."""
-    memo = exprs.__dict__.setdefault("_packed_trans", {})
+    memo = packed_memo(exprs)
     r = memo.get(e)
     if r is None:
         tr = exprs.transitions(e)

@@ -279,7 +279,7 @@ class Lexer:
         derivative to compute: rows other grammars of the compiler needed), breadth first, up to
         :data:`EAGER_FREE_ROWS` of them, so that speculative expansion can go on from them."""
         ex = self.exprs
-        memo = ex.__dict__.setdefault("_packed_trans", {})
+        memo = lexdfa.packed_memo(ex)
         free = EAGER_FREE_ROWS
         while gs:
             n0 = int(self._X.g_cnt[0])
@@ -537,7 +537,7 @@ class Lexer:
     def counting(self):
         """Count what the block adds to the ExprSet (under ``self.lock``) as this lexer's own."""
         ex = self.exprs
-        packed = ex.__dict__.setdefault("_packed_trans", {})   # the compiled expansion's rows
+        packed = lexdfa.packed_memo(ex)   # the compiled expansion's rows
         n0, d0, m0, p0 = len(ex), len(ex._deriv), len(self._moves_cache), len(packed)
         try:
             yield
@@ -547,13 +547,18 @@ class Lexer:
             self.grown_moves += max(0, len(self._moves_cache) - m0)
             self.grown_packed += max(0, len(packed) - p0)
 
+    def table_bytes(self) -> int:
+        """Bytes of the tables kernels read (transitions, accepted sets, start states) and the
+        expanded flags; what a compile's memory bound charges for its lexer."""
+        return int(self.trans.nbytes + self.state_acc.nbytes + self.expanded.nbytes + self.acc_off.nbytes
+                   + self.acc_lex.nbytes + self.st_keys.nbytes + self.st_vals.nbytes)
+
     def held_bytes(self) -> int:
         """An estimate of the memory this generation holds: its arrays, its states (the member
         tuples and their index) and what it added to its ExprSet while it grew (expressions,
         derivatives, cached moves, slice proofs); the per-item figures of
         :mod:`.membound`. The estimate the grammar cache's byte bound evicts by."""
-        arrays = (self.trans.nbytes + self.state_acc.nbytes + self.expanded.nbytes + self.acc_off.nbytes
-                  + self.acc_lex.nbytes + self.st_keys.nbytes + self.st_vals.nbytes)
+        arrays = self.table_bytes()
         if self.eager:   # the compiled expansion's lexeme DFAs and member store
             arrays += sum(a.nbytes for a in self._X) + sum(a.nbytes for a in self._D)
         return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members
