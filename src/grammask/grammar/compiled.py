@@ -152,16 +152,21 @@ class CompiledGrammar:
         if status == MISSING:
             cnt = M.counts
             lx = self.lexer if lexer is None else lexer
-            if cnt[0]:
-                lx.expand_many(sorted(set(M.states[: cnt[0]].tolist())),
-                               EAGER_RESOLVE_BUDGET if lx.eager else 0)
-            off = M.start_off
-            for i in range(cnt[1]):
-                lx.start_state(M.start_lex[off[i]:off[i + 1]].tolist())
+            todo = set(M.states[: cnt[0]].tolist()) if cnt[0] else set()
+            if cnt[1]:
+                # one start state per distinct set (a walk meets the same set at many nodes), and
+                # expanded in this round: the walk reads a byte from it next, so leaving it for
+                # the next round would cost a whole trie walk for nothing
+                off = M.start_off.tolist()
+                lex = M.start_lex[: off[cnt[1]]].tolist()
+                for k in {tuple(lex[off[i]:off[i + 1]]) for i in range(cnt[1])}:
+                    todo.add(lx.start_state(k))
+            if todo:
+                lx.expand_many(sorted(todo), EAGER_RESOLVE_BUDGET if lx.eager else 0)
             if cnt[3]:
                 self._expand_chains(lx, M)
             cnt[:] = 0
-            off[0] = 0
+            M.start_off[0] = 0
         elif status in (GROW_ITEMS, GROW_ROWS, GROW_HASH):
             stack.grow(status)
         else:  # pragma: no cover - kernels return nothing else

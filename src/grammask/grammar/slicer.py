@@ -273,6 +273,8 @@ class SliceChecker:
 INF_FLOAT = float("inf")
 #: expressions larger than this are proved as they are (capping walks the whole expression)
 MAX_CAP_NODES = 20_000
+#: entries of the memo of :func:`capped` (per ``n``) before it is cleared
+MAX_CAPPED_MEMO = 100_000
 
 
 def max_length(ex: ExprSet, e: int) -> int:
@@ -316,12 +318,14 @@ def capped(ex: ExprSet, e: int, n: int) -> int:
     ``n // minlen(x)`` whole iterations of ``x`` and part of one more), except under complements:
     a sub-language of ``e`` (every constructor but the complement is monotone). Memoised per
     ``(e, n)`` in the ExprSet."""
-    memo = ex.__dict__.setdefault("_capped", {})
-    key = e << 32 | n
-    r = memo.get(key)
+    # one memo per ``n`` of every sub-expression's capped form: the states of a lexer share most
+    # of their sub-expressions, so each new state caps only what is new in it
+    done = ex.__dict__.setdefault("_capped", {}).setdefault(n, {})
+    r = done.get(e)
     if r is not None:
         return r
-    done: dict[int, int] = {}
+    if len(done) > MAX_CAPPED_MEMO:
+        done.clear()
     order = _post_order(ex, e, done, skip_not=True)
     if order is None:
         return e
@@ -348,7 +352,6 @@ def capped(ex: ExprSet, e: int, n: int) -> int:
             else:
                 v = ex.intersect(*new)
         done[x] = v
-    memo[key] = done[e]
     return done[e]
 
 
