@@ -86,6 +86,20 @@ class CompiledGrammar:
                     sl = lexer.slicer = SliceChecker(lexer, self.forest.patterns)
         return sl
 
+    def mask_cache_of(self, lexer: Lexer):
+        """The state cache of ``lexer`` (one per generation, as its states;
+        :mod:`.state_cache`)."""
+        mc = lexer.__dict__.get("mask_cache")
+        if mc is None:
+            from .state_cache import StateMaskCache
+
+            slicer = self.slicer_of(lexer)
+            with self._swap_lock:
+                mc = lexer.__dict__.get("mask_cache")
+                if mc is None:
+                    mc = lexer.mask_cache = StateMaskCache(lexer, slicer, self.forest)
+        return mc
+
     def current_lexer(self) -> Lexer:
         """The newest lexer generation, first replacing a full one by its successor."""
         lx = self.lexer

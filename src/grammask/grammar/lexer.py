@@ -559,6 +559,9 @@ class Lexer:
         derivatives, cached moves, slice proofs); the per-item figures of
         :mod:`.membound`. The estimate the grammar cache's byte bound evicts by."""
         arrays = self.table_bytes()
+        mc = self.__dict__.get("mask_cache")
+        if mc is not None:   # the state cache (:mod:`.state_cache`)
+            arrays += mc.nbytes
         if self.eager:   # the compiled expansion's lexeme DFAs and member store
             arrays += sum(a.nbytes for a in self._X) + sum(a.nbytes for a in self._D)
         return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members

@@ -145,19 +145,18 @@ def _step_slow_call(b, s, h, cache_top, G, L, P, M):
 
 
 @njit(nogil=True, cache=True)
-def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
-    """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
-    rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
-    mask is used instead). ``F.node_tok[i]`` is the token ending at node ``i`` or -1: the append
-    is branch-free. Returns (status, number found); status MISSING means some subtrees were
-    skipped for want of lexer states (call again once they are built), GROW_* that an array is
-    full."""
+def _walk_ranges(R, nr, F, G, L, P, M, W, nf, cache_top):
+    """Walk the trie node ranges ``R[r, 0] .. R[r, 1] - 1``, ``r < nr`` (whole subtrees, in
+    preorder). Before range ``r``, when ``R[r, 2] >= 0``, the lexer state and height at depth
+    ``R[r, 2]`` are set to ``R[r, 3]``, ``R[r, 4]`` (the depth above the range's top nodes). Appends
+    the tokens found to ``W.found`` from ``nf``. Returns (status, nf): OK, MISSING when subtrees
+    were skipped for want of lexer states (call again once they are built), or GROW_* (an array
+    is full). The arrays are taken out of their structures once here: inside the loop each
+    access would count a reference."""
     node_byte = F.node_byte
     node_depth = F.node_depth
     node_end = F.node_end
     node_tok = F.node_tok
-    seg_start = F.seg_start
-    seg_end = F.seg_end
     ls_st = W.ls_st
     h_st = W.h_st
     found = W.found
@@ -166,64 +165,131 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
     n_states = trans.shape[0] // 256
     row_key = P.row_key
     row_ls = P.row_ls
-    ls_st[0] = s0
-    h_st[0] = h0
-    cache_top = h0
     incomplete = False
-    nf = 0
-    n = node_byte.shape[0]
+    for r in range(nr):
+        i = R[r, 0]
+        hi = R[r, 1]
+        if R[r, 2] >= 0:
+            ls_st[R[r, 2]] = R[r, 3]
+            h_st[R[r, 2]] = R[r, 4]
+        while i < hi:
+            d = node_depth[i]
+            s = ls_st[d - 1]
+            h = h_st[d - 1]
+            b = node_byte[i]
+            t = trans[s * 256 + b]
+            if t == -1:
+                # the fast paths of step_slow, inlined: calls pass many arrays (refcounts) and cost
+                k = state_acc[s]
+                if k < 0:
+                    i = node_end[i]
+                    continue
+                if h < cache_top and row_key[h] == k:
+                    s2 = row_ls[h]
+                    if s2 >= 0 and s2 < n_states:
+                        t = trans[s2 * 256 + b]
+                        if t == -1:
+                            i = node_end[i]
+                            continue
+                        if t >= 0:
+                            h += 1
+            if t < 0:
+                st, t, h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
+                if st != OK:
+                    if st == REJECT:
+                        i = node_end[i]
+                        continue
+                    if st == MISSING:
+                        incomplete = True
+                        # a small subtree below a state not expanded yet (long tokens: runs of
+                        # spaces or dashes) is expanded whole by Python, not one level per round
+                        if i + 1 < node_end[i] <= i + CHAIN_NODES and trans[s * 256 + b] == -2:
+                            _record_chain(M, i, s)
+                        i = node_end[i]
+                        continue
+                    return st, nf
+            ls_st[d] = t
+            h_st[d] = h
+            tok = node_tok[i]
+            found[nf] = tok
+            nf += 1 if tok >= 0 else 0
+            i += 1
+    return (MISSING if incomplete else OK), nf
+
+
+@njit(nogil=True, cache=True)
+def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
+    """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
+    rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
+    mask is used instead). ``F.node_tok[i]`` is the token ending at node ``i`` or -1: the append
+    is branch-free. Returns (status, number found); status MISSING means some subtrees were
+    skipped for want of lexer states (call again once they are built), GROW_* that an array is
+    full."""
+    seg_start = F.seg_start
+    seg_end = F.seg_end
+    n = F.node_byte.shape[0]
     n_seg = seg_start.shape[0]
+    # the ranges walked: the segments not skipped and the nodes between segments
+    R = np.empty((2 * n_seg + 1, 5), np.int64)
+    nr = 0
     seg = 0
     i = 1
     while i < n:
-        while seg < n_seg and i == seg_start[seg]:
-            if seg_skip[seg]:
-                i = seg_end[seg]
+        if seg < n_seg and i == seg_start[seg]:
+            hi = seg_end[seg]
             seg += 1
-        if i >= n:
-            break
-        d = node_depth[i]
-        s = ls_st[d - 1]
-        h = h_st[d - 1]
-        b = node_byte[i]
-        t = trans[s * 256 + b]
-        if t == -1:
-            # the fast paths of step_slow, inlined: calls pass many arrays (refcounts) and cost
-            k = state_acc[s]
-            if k < 0:
-                i = node_end[i]
+            if seg_skip[seg - 1]:
+                i = hi
                 continue
-            if h < cache_top and row_key[h] == k:
-                s2 = row_ls[h]
-                if s2 >= 0 and s2 < n_states:
-                    t = trans[s2 * 256 + b]
-                    if t == -1:
-                        i = node_end[i]
-                        continue
-                    if t >= 0:
-                        h += 1
-        if t < 0:
-            st, t, h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
-            if st != OK:
-                if st == REJECT:
-                    i = node_end[i]
-                    continue
-                if st == MISSING:
-                    incomplete = True
-                    # a small subtree below a state not expanded yet (long tokens: runs of
-                    # spaces or dashes) is expanded whole by Python, not one level per round
-                    if i + 1 < node_end[i] <= i + CHAIN_NODES and trans[s * 256 + b] == -2:
-                        _record_chain(M, i, s)
-                    i = node_end[i]
-                    continue
-                return st, nf
-        ls_st[d] = t
-        h_st[d] = h
-        tok = node_tok[i]
-        found[nf] = tok
-        nf += 1 if tok >= 0 else 0
-        i += 1
-    return (MISSING if incomplete else OK), nf
+        else:
+            hi = seg_start[seg] if seg < n_seg else n
+        R[nr, 0] = i
+        R[nr, 1] = hi
+        R[nr, 2] = -1
+        nr += 1
+        i = hi
+    W.ls_st[0] = s0
+    W.h_st[0] = h0
+    return _walk_ranges(R, nr, F, G, L, P, M, W, 0, h0)
+
+
+@njit(nogil=True, cache=True)
+def _assemble(F, combo, can, tok_words, toks, W, nf, words):
+    """The mask row from its parts: the precomputed mask of the skipped slices (``combo``), the
+    words ``tok_words`` (if any) and tokens ``toks`` of a state's cache, the tokens the walk found
+    (``W.found[:nf]``), then the tokens that share bytes with an allowed one, and the stop tokens
+    (allowed iff ``can``)."""
+    combo_words = F.combo_words[combo]
+    found = W.found
+    dup_first = F.dup_first
+    dup_other = F.dup_other
+    stop_ids = W.stop_ids
+    nw = words.shape[0]
+    if tok_words.shape[0] == nw:
+        for j in range(nw):
+            words[j] = combo_words[j] | tok_words[j]
+    else:
+        for j in range(nw):
+            words[j] = combo_words[j]
+    for k in range(toks.shape[0]):
+        t = toks[k]
+        words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+    for k in range(nf):
+        t = found[k]
+        words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+    for k in range(dup_first.shape[0]):
+        f = dup_first[k]
+        if (words[f >> 5] >> np.uint32(f & 31)) & np.uint32(1):
+            o = dup_other[k]
+            words[o >> 5] |= np.uint32(1) << np.uint32(o & 31)
+    # a stop token is only ever a stop token (even if it also has text): allowed iff the grammar can end
+    for k in range(stop_ids.shape[0]):
+        t = stop_ids[k]
+        if 0 <= t < nw * 32:
+            if can:
+                words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+            else:
+                words[t >> 5] &= ~(np.uint32(1) << np.uint32(t & 31))
 
 
 @njit(nogil=True, cache=True)
@@ -241,30 +307,123 @@ def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, words):
     for k in range(seg_skip.shape[0]):
         if seg_skip[k]:
             combo |= 1 << k
-    combo_words = F.combo_words[combo]
-    found = W.found
-    dup_first = F.dup_first
-    dup_other = F.dup_other
-    stop_ids = W.stop_ids
-    nw = words.shape[0]
-    for j in range(nw):
-        words[j] = combo_words[j]
-    for k in range(nf):
-        t = found[k]
-        words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
-    for k in range(dup_first.shape[0]):
-        f = dup_first[k]
-        if (words[f >> 5] >> np.uint32(f & 31)) & np.uint32(1):
-            o = dup_other[k]
-            words[o >> 5] |= np.uint32(1) << np.uint32(o & 31)
-    # a stop token is only ever a stop token (even if it also has text): allowed iff the grammar can end
-    for k in range(stop_ids.shape[0]):
-        t = stop_ids[k]
-        if 0 <= t < nw * 32:
-            if can:
-                words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
-            else:
-                words[t >> 5] &= ~(np.uint32(1) << np.uint32(t & 31))
+    _assemble(F, combo, can, F.combo_words[0][:0], W.found[:0], W, nf, words)
+    return OK
+
+
+#: what :func:`scan_state` finds for a lexer state (see :mod:`.state_cache`): the tokens reached by
+#: lexer moves alone, as a list ``toks`` or as mask words ``tok_words`` (one of them empty), and
+#: the trie nodes where a lexeme ends, grouped: group ``g`` is the byte ``grp_byte[g]`` read in the
+#: accepting lexer state ``grp_state[g]`` at the nodes ``nodes[grp_off[g]:grp_off[g + 1]]``
+StateCache = namedtuple("StateCache", "tok_words toks grp_state grp_byte grp_off nodes")
+
+
+@njit(nogil=True, cache=True)
+def scan_state(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
+    """The part of the walk from lexer state ``s0`` that the parser takes no part in: the
+    tokens reached by lexer moves alone (``toks``), and the nodes where a lexeme ends (``nodes``,
+    the accepting state before each in ``states``; their subtrees are not entered). Dead subtrees
+    are dropped. Returns (status, tokens, nodes): OK, or MISSING when a state met is not expanded
+    yet (the scan is incomplete and must not be used)."""
+    node_byte = F.node_byte
+    node_depth = F.node_depth
+    node_end = F.node_end
+    node_tok = F.node_tok
+    seg_start = F.seg_start
+    seg_end = F.seg_end
+    n_seg = seg_start.shape[0]
+    n = node_byte.shape[0]
+    ls_st[0] = s0
+    nt = 0
+    nb = 0
+    seg = 0
+    i = 1
+    while i < n:
+        if seg < n_seg and i == seg_start[seg]:
+            if seg_skip[seg]:
+                i = seg_end[seg]
+            seg += 1
+            continue
+        d = node_depth[i]
+        s = ls_st[d - 1]
+        t = trans[s * 256 + node_byte[i]]
+        if t >= 0:
+            ls_st[d] = t
+            tok = node_tok[i]
+            toks[nt] = tok
+            nt += 1 if tok >= 0 else 0
+            i += 1
+            continue
+        if t == -2:
+            return MISSING, nt, nb
+        if state_acc[s] >= 0:
+            nodes[nb] = i
+            states[nb] = s
+            nb += 1
+        i = node_end[i]
+    return OK, nt, nb
+
+
+@njit(nogil=True, cache=True)
+def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, words):
+    """:func:`fill_mask` from a state's cache ``C`` (:data:`StateCache`, built by
+    :func:`scan_state` for ``s0`` with the same slices skipped, ``combo``): the cached tokens as
+    they are, one parser step per group of lexeme ends, and the subtrees of the groups the parser
+    allows walked as the full walk would. The same row as :func:`fill_mask`."""
+    trans = L.trans
+    state_acc = L.state_acc
+    n_states = trans.shape[0] // 256
+    row_key = P.row_key
+    row_ls = P.row_ls
+    node_depth = F.node_depth
+    node_end = F.node_end
+    grp_state = C.grp_state
+    grp_byte = C.grp_byte
+    grp_off = C.grp_off
+    nodes = C.nodes
+    R = np.empty((nodes.shape[0], 5), np.int64)
+    nr = 0
+    cache_top = h0
+    incomplete = False
+    for g in range(grp_state.shape[0]):
+        s = grp_state[g]
+        b = grp_byte[g]
+        # the byte after the lexeme: allowed by the row that scans it (groups are sorted by
+        # accepted set, so the row is built once per set and then read)
+        t = -2
+        k = state_acc[s]
+        if h0 < cache_top and row_key[h0] == k:
+            s2 = row_ls[h0]
+            if s2 >= 0 and s2 < n_states:
+                t = trans[s2 * 256 + b]
+        if t == -2:
+            st, t, _h, cache_top = _step_slow_call(b, s, h0, cache_top, G, L, P, M)
+            if st != OK:
+                if st == REJECT:
+                    continue
+                if st == MISSING:
+                    incomplete = True
+                    continue
+                return st
+        if t < 0:
+            continue
+        for j in range(grp_off[g], grp_off[g + 1]):
+            i = nodes[j]
+            R[nr, 0] = i
+            R[nr, 1] = node_end[i]
+            R[nr, 2] = node_depth[i] - 1
+            R[nr, 3] = s
+            R[nr, 4] = h0
+            nr += 1
+    st, nf = _walk_ranges(R, nr, F, G, L, P, M, W, 0, cache_top)
+    if st == MISSING or incomplete:
+        return MISSING
+    if st != OK:
+        return st
+    st, can = can_end(s0, h0, lex_len, G, L, P, M)
+    if st != OK:
+        return st
+    _assemble(F, combo, can, C.tok_words, C.toks, W, nf, words)
     return OK
 
 

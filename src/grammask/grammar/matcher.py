@@ -14,10 +14,12 @@ import numpy as np
 from ..errors import MatcherError
 from .compiled import CompiledGrammar
 from .earley import OK
-from .mask import FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, jump_forward
+from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
+                   jump_forward)
 from .utf8 import utf8_prefix
 
 _fill_mask = FastCall(fill_mask)
+_fill_mask_cached = FastCall(fill_mask_cached)
 _advance_bytes = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
 _FILL_ERROR = "internal error: the mask kernel did not settle"
@@ -212,10 +214,15 @@ class GrammarMatcher:
             return
         self._sync()
         comp = self.compiled
-        skip, _combo = comp.slicer_of(self._lexer).skip_flags(self._s)
-        comp.run(_fill_mask, self._stack, self._M,
-                 (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (self._walk, words[:n_words]),
-                 _FILL_ERROR, self._lexer)
+        skip, combo, _visits, cache = comp.mask_cache_of(self._lexer).entry(self._s)
+        if cache is not None:
+            comp.run(_fill_mask_cached, self._stack, self._M,
+                     (comp.forest.arrays, combo, cache, self._s, self._h, self._lex_len),
+                     (self._walk, words[:n_words]), _FILL_ERROR, self._lexer)
+        else:
+            comp.run(_fill_mask, self._stack, self._M,
+                     (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (self._walk, words[:n_words]),
+                     _FILL_ERROR, self._lexer)
         if self._canon is not None:
             self._canon.restrict(words[:n_words], self.stop_token_ids)
             self._canon.prune_dead_ends(self, words[:n_words])

