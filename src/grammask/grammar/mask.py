@@ -311,7 +311,7 @@ def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, words):
     return OK
 
 
-#: what :func:`scan_state` finds for a lexer state (see :mod:`.state_cache`): the tokens reached by
+#: what :func:`~.state_cache.build_entry` finds for a lexer state (see :mod:`.state_cache`): the tokens reached by
 #: lexer moves alone, as a list ``toks`` or as mask words ``tok_words`` (one of them empty), and
 #: the trie nodes where a lexeme ends, grouped: group ``g`` is the byte ``grp_byte[g]`` read in the
 #: accepting lexer state ``grp_state[g]`` at the nodes ``nodes[grp_off[g]:grp_off[g + 1]]``
@@ -319,55 +319,9 @@ StateCache = namedtuple("StateCache", "tok_words toks grp_state grp_byte grp_off
 
 
 @njit(nogil=True, cache=True)
-def scan_state(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
-    """The part of the walk from lexer state ``s0`` that the parser takes no part in: the
-    tokens reached by lexer moves alone (``toks``), and the nodes where a lexeme ends (``nodes``,
-    the accepting state before each in ``states``; their subtrees are not entered). Dead subtrees
-    are dropped. Returns (status, tokens, nodes): OK, or MISSING when a state met is not expanded
-    yet (the scan is incomplete and must not be used)."""
-    node_byte = F.node_byte
-    node_depth = F.node_depth
-    node_end = F.node_end
-    node_tok = F.node_tok
-    seg_start = F.seg_start
-    seg_end = F.seg_end
-    n_seg = seg_start.shape[0]
-    n = node_byte.shape[0]
-    ls_st[0] = s0
-    nt = 0
-    nb = 0
-    seg = 0
-    i = 1
-    while i < n:
-        if seg < n_seg and i == seg_start[seg]:
-            if seg_skip[seg]:
-                i = seg_end[seg]
-            seg += 1
-            continue
-        d = node_depth[i]
-        s = ls_st[d - 1]
-        t = trans[s * 256 + node_byte[i]]
-        if t >= 0:
-            ls_st[d] = t
-            tok = node_tok[i]
-            toks[nt] = tok
-            nt += 1 if tok >= 0 else 0
-            i += 1
-            continue
-        if t == -2:
-            return MISSING, nt, nb
-        if state_acc[s] >= 0:
-            nodes[nb] = i
-            states[nb] = s
-            nb += 1
-        i = node_end[i]
-    return OK, nt, nb
-
-
-@njit(nogil=True, cache=True)
 def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, words):
     """:func:`fill_mask` from a state's cache ``C`` (:data:`StateCache`, built by
-    :func:`scan_state` for ``s0`` with the same slices skipped, ``combo``): the cached tokens as
+    :func:`~.state_cache.build_entry` for ``s0`` with the same slices skipped, ``combo``): the cached tokens as
     they are, one parser step per group of lexeme ends, and the subtrees of the groups the parser
     allows walked as the full walk would. The same row as :func:`fill_mask`."""
     trans = L.trans

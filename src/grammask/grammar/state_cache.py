@@ -5,7 +5,7 @@ A mask from lexer state ``s`` walks the token trie (:func:`~.mask.walk_trie`). M
 walk decides depends on ``s`` alone: a node reached by lexer moves only is allowed whatever the
 parser says, and a dead lexer move kills its subtree whatever the parser says. The parser takes
 part only where a lexeme ends inside a token (the next byte cannot extend it), and only there does
-the answer depend on the parse stack. So, for a state met again, :func:`~.mask.scan_state` walks the
+the answer depend on the parse stack. So, for a state met again, :func:`build_entry` walks the
 trie once with lexer moves alone and keeps
 
 - the tokens reached by lexer moves alone (a list, or mask words when there are many),
@@ -29,8 +29,10 @@ import threading
 import weakref
 
 import numpy as np
+from numba import njit
 
-from .mask import FastCall, StateCache, scan_state
+from .earley import MISSING, OK
+from .mask import FastCall, StateCache
 
 #: a state is cached on this visit (the first visit of most states is also their last)
 BUILD_AFTER = 2
@@ -39,7 +41,102 @@ MAX_CACHE_BYTES = 32 << 20
 #: per-state Python overhead counted with the arrays (the entry, its tuple and dict slot)
 ENTRY_BYTES = 400
 
-_scan_state = FastCall(scan_state)
+
+@njit(nogil=True, cache=True)
+def _scan(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
+    """The part of the walk from lexer state ``s0`` that the parser takes no part in: the
+    tokens reached by lexer moves alone (``toks``), and the nodes where a lexeme ends (``nodes``,
+    the accepting state before each in ``states``; their subtrees are not entered). Dead subtrees
+    are dropped. Returns (status, tokens, nodes): OK, or MISSING when a state met is not expanded
+    yet (the scan is incomplete and must not be used)."""
+    node_byte = F.node_byte
+    node_depth = F.node_depth
+    node_end = F.node_end
+    node_tok = F.node_tok
+    seg_start = F.seg_start
+    seg_end = F.seg_end
+    n_seg = seg_start.shape[0]
+    n = node_byte.shape[0]
+    ls_st[0] = s0
+    nt = 0
+    nb = 0
+    seg = 0
+    i = 1
+    while i < n:
+        if seg < n_seg and i == seg_start[seg]:
+            if seg_skip[seg]:
+                i = seg_end[seg]
+            seg += 1
+            continue
+        d = node_depth[i]
+        s = ls_st[d - 1]
+        t = trans[s * 256 + node_byte[i]]
+        if t >= 0:
+            ls_st[d] = t
+            tok = node_tok[i]
+            toks[nt] = tok
+            nt += 1 if tok >= 0 else 0
+            i += 1
+            continue
+        if t == -2:
+            return MISSING, nt, nb
+        if state_acc[s] >= 0:
+            nodes[nb] = i
+            states[nb] = s
+            nb += 1
+        i = node_end[i]
+    return OK, nt, nb
+
+
+@njit(nogil=True, cache=True)
+def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
+    """The :data:`~.mask.StateCache` of lexer state ``s0`` (``toks``, ``nodes``, ``states``,
+    ``ls_st``: scratch, one slot per trie token, node, node and depth). Returns (status, cache):
+    OK, or MISSING when a state met is not expanded yet (the cache is then empty and unused).
+    The lexeme ends are sorted by (accepted set, state, byte), stably (the trie's order within
+    a group), and cut into groups of equal state and byte; the tokens are kept as a list, or as
+    mask words when there are more of them than words."""
+    n_words = F.combo_words.shape[1]
+    st, nt, nb = _scan(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states)
+    if st != OK:
+        nb = 0
+        nt = 0
+    node_byte = F.node_byte
+    key = np.empty(nb, np.int64)
+    for j in range(nb):
+        s = states[j]
+        key[j] = (np.int64(state_acc[s]) << 40) | (np.int64(s) << 8) | np.int64(node_byte[nodes[j]])
+    order = np.argsort(key, kind="mergesort")
+    out_nodes = np.empty(nb, np.int32)
+    n_grp = 0
+    for j in range(nb):
+        out_nodes[j] = nodes[order[j]]
+        if j == 0 or key[order[j]] != key[order[j - 1]]:
+            n_grp += 1
+    grp_state = np.empty(n_grp, np.int32)
+    grp_byte = np.empty(n_grp, np.int32)
+    grp_off = np.empty(n_grp + 1, np.int64)
+    g = -1
+    for j in range(nb):
+        if j == 0 or key[order[j]] != key[order[j - 1]]:
+            g += 1
+            grp_state[g] = states[order[j]]
+            grp_byte[g] = node_byte[out_nodes[j]]
+            grp_off[g] = j
+    grp_off[n_grp] = nb
+    if nt > n_words:
+        tok_words = np.zeros(n_words, np.uint32)
+        for j in range(nt):
+            t = toks[j]
+            tok_words[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+        tok_list = np.empty(0, np.int32)
+    else:
+        tok_words = np.empty(0, np.uint32)
+        tok_list = toks[:nt].copy()
+    return st, StateCache(tok_words, tok_list, grp_state, grp_byte, grp_off, out_nodes)
+
+
+_build_entry = FastCall(build_entry)
 
 
 class StateMaskCache:
@@ -56,7 +153,9 @@ class StateMaskCache:
         self._entries: dict[int, list] = {}
         self.nbytes = 0
         self.n_cached = 0
+        # builds share one set of scratch arrays (the size of the forest)
         self._lock = threading.Lock()
+        self._scratch = None
 
     def entry(self, s: int) -> list:
         """``[skip flags, combination, visits, cache]`` of state ``s`` (the cache, when not None,
@@ -78,38 +177,15 @@ class StateMaskCache:
             return None
         L = lexer.tables
         F = self.forest.arrays
-        n = F.node_byte.shape[0]
-        toks = np.empty(self.forest.trie.n_tokens + 1, np.int32)
-        nodes = np.empty(n, np.int32)
-        states = np.empty(n, np.int32)
-        ls = np.empty(int(self.forest.trie.max_depth) + 2, np.int32)
-        st, nt, nb = _scan_state(F, flags, s, L.trans, L.state_acc, ls, toks, nodes, states)
-        if st != 0:
-            return None
-        nodes, states = nodes[:nb], states[:nb]
-        byte = F.node_byte[nodes].astype(np.int32)
-        # groups by (accepted lexemes, state, byte): the parser's rows are shared along a run
-        order = np.lexsort((nodes, byte, states, L.state_acc[states]))
-        nodes, states, byte = nodes[order], states[order], byte[order]
-        new = np.ones(nb, np.bool_)
-        if nb:
-            new[1:] = (states[1:] != states[:-1]) | (byte[1:] != byte[:-1])
-        starts = np.flatnonzero(new)
-        off = np.empty(starts.shape[0] + 1, np.int64)
-        off[:-1] = starts
-        off[-1] = nb
-        n_words = F.combo_words.shape[1]
-        if nt > n_words:   # many tokens: as mask words (what a list of them would outweigh)
-            w = np.zeros(n_words, np.uint32)
-            t = toks[:nt]
-            np.bitwise_or.at(w, t >> 5, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
-            tok_words, tok_list = w, np.empty(0, np.int32)
-        else:
-            tok_words, tok_list = np.empty(0, np.uint32), toks[:nt].copy()
-        C = StateCache(tok_words, tok_list, np.ascontiguousarray(states[starts]),
-                       np.ascontiguousarray(byte[starts]), off, np.ascontiguousarray(nodes))
-        size = sum(a.nbytes for a in C) + ENTRY_BYTES
         with self._lock:
-            self.nbytes += size
+            if self._scratch is None:
+                n = F.node_byte.shape[0]
+                self._scratch = (np.empty(int(self.forest.trie.max_depth) + 2, np.int32),
+                                 np.empty(self.forest.trie.n_tokens + 1, np.int32),
+                                 np.empty(n, np.int32), np.empty(n, np.int32))
+            st, C = _build_entry(F, flags, s, L.trans, L.state_acc, *self._scratch)
+            if st != OK:
+                return None
+            self.nbytes += sum(a.nbytes for a in C) + ENTRY_BYTES
             self.n_cached += 1
         return C
