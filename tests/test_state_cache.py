@@ -1,6 +1,7 @@
 """The state cache (grammar/state_cache.py): per lexer state, the parser-independent part of the
 walk (tokens reached by lexer moves alone, lexeme ends grouped by state and byte), used by
-``fill_mask_cached`` instead of the full walk. Masks must be exactly those of the full walk:
+``fill_mask_cached`` instead of the full walk, and nested entries for the subtrees below lexeme
+ends (read by both kernels). Masks must be exactly those of the full walk:
 
 - with every state cached from its first visit, random walks on the two trained tokenizers must
   give the brute-force reference masks (the walks of test_bruteforce_masks);
@@ -25,10 +26,15 @@ from grammask.grammar import state_cache
 @pytest.fixture
 def cache_every_state(monkeypatch):
     monkeypatch.setattr(state_cache, "BUILD_AFTER", 1)
+    monkeypatch.setattr(state_cache, "NESTED_BUILD_AFTER", 1)
 
 
 def _used(comp_grammar) -> int:
     return comp_grammar.mask_cache_of(comp_grammar.lexer).n_cached
+
+
+def _nested(comp_grammar) -> int:
+    return comp_grammar.mask_cache_of(comp_grammar.lexer).n_nested
 
 
 @pytest.mark.parametrize("tok_name", ["bytelevel", "spm_padded"])
@@ -112,7 +118,7 @@ def test_cached_equals_full_walk_llama3(llama3, cache_every_state, k):
                 assert a.accept_token(t) and b.accept_token(t), (k, step)
             assert np.array_equal(_mask(a), _mask(b))
     assert n > 50
-    assert _used(cached) > 0 and _used(plain) == 0
+    assert _used(cached) > 0 and _nested(cached) > 0 and _used(plain) == 0
 
 
 def test_cache_is_bounded_and_counted(llama3, cache_every_state):
@@ -135,3 +141,47 @@ def test_cache_is_bounded_and_counted(llama3, cache_every_state):
         m.get_next_token_bitmask()
         assert m.accept_token(t)
     assert mc2.n_cached == 1    # the first one crosses the bound, then none
+
+
+def test_threads_share_the_cache_llama3(llama3, cache_every_state):
+    """Free-running threads with their own matchers of one fresh grammar: states and nested
+    entries are built (and the nested store grown and republished) while other threads' kernels
+    read it; every mask must equal the sequential mask of an uncached copy."""
+    import threading
+
+    info, tk = llama3
+    plain = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[0])
+    plain.mask_cache_of(plain.lexer).max_bytes = 0
+    texts = [json.dumps(d, indent=k) for d in DOCS[0] for k in (None, 1, 2)]
+    ref = []
+    for text in texts:
+        ids = tk.encode(text, add_special_tokens=False).ids
+        m = GrammarMatcher(plain)
+        masks = []
+        for t in ids:
+            masks.append(_mask(m))
+            assert m.accept_token(t)
+        ref.append((ids, masks))
+    cg = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[0])
+    errors = []
+
+    def run(k):
+        try:
+            ids, masks = ref[k % len(ref)]
+            for _ in range(2):
+                m = GrammarMatcher(cg)
+                for step, (t, want) in enumerate(zip(ids, masks)):
+                    if not np.array_equal(_mask(m), want):
+                        errors.append((k, step))
+                        return
+                    assert m.accept_token(t)
+        except Exception as e:  # noqa: BLE001
+            errors.append((k, repr(e)))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert _used(cg) > 0 and _nested(cg) > 0

@@ -30,8 +30,9 @@ CHAIN_NODES = 512
 
 
 #: a matcher's buffers for :func:`fill_mask`: lexer state and height per trie depth
-#: (``ls_st``, ``h_st``), the tokens found (``found``, one slot per trie token) and the stop tokens
-WalkBuffers = namedtuple("WalkBuffers", "ls_st h_st found stop_ids")
+#: (``ls_st``, ``h_st``), the tokens found (``found``, one slot per trie token), the stop tokens
+#: and the subtrees the walk asks the state cache to keep (``req``: count, then (state, node) pairs)
+WalkBuffers = namedtuple("WalkBuffers", "ls_st h_st found stop_ids req")
 
 
 @njit(nogil=True, cache=True)
@@ -144,15 +145,64 @@ def _step_slow_call(b, s, h, cache_top, G, L, P, M):
     return step_slow(b, s, h, cache_top, G, L, P, M)
 
 
+#: work items of :func:`_walk_dfs` (rows of 6 int64): a range of trie nodes ``[a, b)``, with the
+#: lexer state ``d`` and height ``e`` set at depth ``c`` first when ``c >= 0``; an entry of the state
+#: cache being read (``a``: -1 for the root entry, else the nested entry's id; ``b`` its current
+#: group; ``c`` the next node of that group, -1 before the group is decided; ``d`` the height its
+#: lexemes end at; ``e`` the lexer state the group's byte leads to); a nested entry to enter (its
+#: tokens added, then read as an entry)
+_RANGE = 0
+_ENTRY = 1
+_ENTER = 2
+#: subtrees of at least this many nodes, walked below a lexeme end, are asked to be cached
+#: (smaller ones cost less to walk than to look up)
+NESTED_MIN_NODES = 24
+
+#: the nested entries of the state cache (:mod:`.state_cache`): the subtree of trie node ``i``
+#: read from lexer state ``t`` (the state a lexeme end there leads to) is entry
+#: ``vals[slot]`` where ``keys[slot] == t << 32 | i`` (open addressing, -1 empty); entry ``e``
+#: holds the tokens ``toks[e_tok_off[e]:e_tok_off[e + 1]]`` reached by lexer moves alone and the
+#: groups ``e_grp_off[e] .. e_grp_off[e + 1] - 1`` of lexeme ends (as :data:`StateCache`'s, with
+#: ``grp_node_off`` cutting ``nodes``)
+NestedStore = namedtuple("NestedStore", "keys vals e_tok_off toks e_grp_off grp_state grp_byte grp_node_off nodes")
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _nested_slot(keys, t, i):
+    """The slot of key ``(t, i)`` in ``keys`` (where it is, or the empty slot it would take)."""
+    key = (np.int64(t) << 32) | np.int64(i)
+    mask = keys.shape[0] - 1
+    j = np.int64((np.uint64(key) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+    while keys[j] != -1 and keys[j] != key:
+        j = (j + 1) & mask
+    return j
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _push(stack, sp, kind, a, b, c, d, e):
+    stack[sp, 0] = kind
+    stack[sp, 1] = a
+    stack[sp, 2] = b
+    stack[sp, 3] = c
+    stack[sp, 4] = d
+    stack[sp, 5] = e
+    return sp + 1
+
+
 @njit(nogil=True, cache=True)
-def _walk_ranges(R, nr, F, G, L, P, M, W, nf, cache_top):
-    """Walk the trie node ranges ``R[r, 0] .. R[r, 1] - 1``, ``r < nr`` (whole subtrees, in
-    preorder). Before range ``r``, when ``R[r, 2] >= 0``, the lexer state and height at depth
-    ``R[r, 2]`` are set to ``R[r, 3]``, ``R[r, 4]`` (the depth above the range's top nodes). Appends
-    the tokens found to ``W.found`` from ``nf``. Returns (status, nf): OK, MISSING when subtrees
-    were skipped for want of lexer states (call again once they are built), or GROW_* (an array
-    is full). The arrays are taken out of their structures once here: inside the loop each
-    access would count a reference."""
+def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
+    """The trie walk of a mask, as a depth-first loop over work items (``stack[:sp]``, see
+    :data:`_RANGE`): node ranges walked node by node, and entries of the state cache (the root
+    entry's groups ``Cgs``/``Cgb``/``Cgo``/``Cn``, nested entries in ``S``) read group by group.
+    Below a lexeme end whose subtree has a nested entry, the entry is read instead of the
+    subtree; a walked subtree of :data:`NESTED_MIN_NODES` or more is asked for (``W.req``).
+    Appends the tokens found to ``W.found``. Returns (status, number found): OK, MISSING when
+    subtrees were skipped for want of lexer states (call again once they are built), or GROW_*
+    (an array is full).
+
+    Depth first, so that the parser rows an item was decided with are still there when its
+    children are read; the arrays are taken out of their structures once here (inside the loop
+    each access would count a reference)."""
     node_byte = F.node_byte
     node_depth = F.node_depth
     node_end = F.node_end
@@ -160,22 +210,114 @@ def _walk_ranges(R, nr, F, G, L, P, M, W, nf, cache_top):
     ls_st = W.ls_st
     h_st = W.h_st
     found = W.found
+    req = W.req
     trans = L.trans
     state_acc = L.state_acc
     n_states = trans.shape[0] // 256
     row_key = P.row_key
     row_ls = P.row_ls
+    s_keys = S.keys
+    s_vals = S.vals
+    s_tok_off = S.e_tok_off
+    s_toks = S.toks
+    s_grp_off = S.e_grp_off
+    s_gs = S.grp_state
+    s_gb = S.grp_byte
+    s_go = S.grp_node_off
+    s_n = S.nodes
+    n_req = (req.shape[0] - 1) // 2
     incomplete = False
-    for r in range(nr):
-        i = R[r, 0]
-        hi = R[r, 1]
-        if R[r, 2] >= 0:
-            ls_st[R[r, 2]] = R[r, 3]
-            h_st[R[r, 2]] = R[r, 4]
+    nf = 0
+    while sp > 0:
+        sp -= 1
+        kind = stack[sp, 0]
+        if kind == _ENTER:
+            e = stack[sp, 1]
+            for x in range(s_tok_off[e], s_tok_off[e + 1]):
+                found[nf] = s_toks[x]
+                nf += 1
+            sp = _push(stack, sp, _ENTRY, e, s_grp_off[e], -1, stack[sp, 4], -2)
+            continue
+        if kind == _ENTRY:
+            e = stack[sp, 1]
+            g = stack[sp, 2]
+            j = stack[sp, 3]
+            h = stack[sp, 4]
+            t = stack[sp, 5]
+            if e < 0:
+                gs = Cgs
+                gb = Cgb
+                go = Cgo
+                nd = Cn
+                g_end = Cgs.shape[0]
+            else:
+                gs = s_gs
+                gb = s_gb
+                go = s_go
+                nd = s_n
+                g_end = s_grp_off[e + 1]
+            while g < g_end:
+                if j < 0:
+                    # the byte after the lexeme: allowed by the row that scans it (groups are
+                    # sorted by accepted set, so the row is built once per set and then read)
+                    s = gs[g]
+                    b = gb[g]
+                    t = -2
+                    k = state_acc[s]
+                    if h < cache_top and row_key[h] == k:
+                        s2 = row_ls[h]
+                        if s2 >= 0 and s2 < n_states:
+                            t = trans[s2 * 256 + b]
+                    if t == -2:
+                        st, t, _h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
+                        if st != OK:
+                            if st == MISSING:
+                                incomplete = True
+                            elif st != REJECT:
+                                return st, nf
+                            t = -1
+                    if t < 0:
+                        g += 1
+                        continue
+                    j = go[g]
+                if j >= go[g + 1]:
+                    g += 1
+                    j = -1
+                    continue
+                i = nd[j]
+                j += 1
+                d = node_depth[i]
+                ls_st[d] = t
+                h_st[d] = h + 1
+                tok = node_tok[i]
+                found[nf] = tok
+                nf += 1 if tok >= 0 else 0
+                end = node_end[i]
+                if end > i + 1:
+                    # the subtree below, before the rest of this entry
+                    sp = _push(stack, sp, _ENTRY, e, g, j, h, t)
+                    slot = _nested_slot(s_keys, t, i)
+                    if s_keys[slot] != -1:
+                        sp = _push(stack, sp, _ENTER, s_vals[slot], 0, 0, h + 1, 0)
+                    else:
+                        if end - i >= NESTED_MIN_NODES and req[0] < n_req:
+                            req[1 + 2 * req[0]] = t
+                            req[2 + 2 * req[0]] = i
+                            req[0] += 1
+                        sp = _push(stack, sp, _RANGE, i + 1, end, d, t, h + 1)
+                    break
+            continue
+        # a range of nodes
+        i = stack[sp, 1]
+        hi = stack[sp, 2]
+        if stack[sp, 3] >= 0:
+            ls_st[stack[sp, 3]] = stack[sp, 4]
+            h_st[stack[sp, 3]] = stack[sp, 5]
         while i < hi:
             d = node_depth[i]
             s = ls_st[d - 1]
-            h = h_st[d - 1]
+            h0 = h_st[d - 1]
+            h = h0
             b = node_byte[i]
             t = trans[s * 256 + b]
             if t == -1:
@@ -213,12 +355,30 @@ def _walk_ranges(R, nr, F, G, L, P, M, W, nf, cache_top):
             tok = node_tok[i]
             found[nf] = tok
             nf += 1 if tok >= 0 else 0
+            end = node_end[i]
+            if h != h0 and end > i + 1:
+                # a lexeme ended at this node: its subtree may be cached
+                slot = _nested_slot(s_keys, t, i)
+                if s_keys[slot] != -1:
+                    if end < hi:
+                        sp = _push(stack, sp, _RANGE, end, hi, -1, 0, 0)
+                    sp = _push(stack, sp, _ENTER, s_vals[slot], 0, 0, h, 0)
+                    break
+                if end - i >= NESTED_MIN_NODES and req[0] < n_req:
+                    req[1 + 2 * req[0]] = t
+                    req[2 + 2 * req[0]] = i
+                    req[0] += 1
             i += 1
     return (MISSING if incomplete else OK), nf
 
 
 @njit(nogil=True, cache=True)
-def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
+def _new_stack(W, n_ranges):
+    return np.empty((4 * W.ls_st.shape[0] + n_ranges + 8, 6), np.int64)
+
+
+@njit(nogil=True, cache=True)
+def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S):
     """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
     rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
     mask is used instead). ``F.node_tok[i]`` is the token ending at node ``i`` or -1: the append
@@ -229,28 +389,25 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W):
     seg_end = F.seg_end
     n = F.node_byte.shape[0]
     n_seg = seg_start.shape[0]
-    # the ranges walked: the segments not skipped and the nodes between segments
-    R = np.empty((2 * n_seg + 1, 5), np.int64)
-    nr = 0
-    seg = 0
-    i = 1
-    while i < n:
-        if seg < n_seg and i == seg_start[seg]:
-            hi = seg_end[seg]
-            seg += 1
-            if seg_skip[seg - 1]:
-                i = hi
-                continue
+    # the ranges walked: the segments not skipped and the nodes between segments, pushed last
+    # first (each sets the start state at depth 0: the items before it may have changed it)
+    stack = _new_stack(W, 2 * n_seg + 1)
+    sp = 0
+    i = n
+    seg = n_seg - 1
+    while i > 1:
+        if seg >= 0 and i == seg_end[seg]:
+            lo = seg_start[seg]
+            if not seg_skip[seg]:
+                sp = _push(stack, sp, _RANGE, lo, i, 0, s0, h0)
+            seg -= 1
         else:
-            hi = seg_start[seg] if seg < n_seg else n
-        R[nr, 0] = i
-        R[nr, 1] = hi
-        R[nr, 2] = -1
-        nr += 1
-        i = hi
-    W.ls_st[0] = s0
-    W.h_st[0] = h0
-    return _walk_ranges(R, nr, F, G, L, P, M, W, 0, h0)
+            lo = seg_end[seg] if seg >= 0 else 1
+            sp = _push(stack, sp, _RANGE, lo, i, 0, s0, h0)
+        i = lo
+    W.req[0] = 0
+    e32 = F.dup_first[:0]
+    return _walk_dfs(stack, sp, e32, e32, seg_start[:0].astype(np.int64), e32, F, G, L, P, M, W, S, h0)
 
 
 @njit(nogil=True, cache=True)
@@ -293,11 +450,11 @@ def _assemble(F, combo, can, tok_words, toks, W, nf, words):
 
 
 @njit(nogil=True, cache=True)
-def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, words):
+def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, S, words):
     """One whole mask row into ``words`` (uint32, ``ceil(V/32)`` words): the precomputed mask
     of the skipped slices (``F.combo_words``), the tokens the trie walk finds, tokens that share
     bytes with a found one, and the stop tokens when the grammar can end. Returns a status."""
-    st, nf = walk_trie(F, seg_skip, s0, h0, G, L, P, M, W)
+    st, nf = walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S)
     if st != OK:
         return st
     st, can = can_end(s0, h0, lex_len, G, L, P, M)
@@ -319,59 +476,16 @@ StateCache = namedtuple("StateCache", "tok_words toks grp_state grp_byte grp_off
 
 
 @njit(nogil=True, cache=True)
-def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, words):
+def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words):
     """:func:`fill_mask` from a state's cache ``C`` (:data:`StateCache`, built by
-    :func:`~.state_cache.build_entry` for ``s0`` with the same slices skipped, ``combo``): the cached tokens as
-    they are, one parser step per group of lexeme ends, and the subtrees of the groups the parser
-    allows walked as the full walk would. The same row as :func:`fill_mask`."""
-    trans = L.trans
-    state_acc = L.state_acc
-    n_states = trans.shape[0] // 256
-    row_key = P.row_key
-    row_ls = P.row_ls
-    node_depth = F.node_depth
-    node_end = F.node_end
-    grp_state = C.grp_state
-    grp_byte = C.grp_byte
-    grp_off = C.grp_off
-    nodes = C.nodes
-    R = np.empty((nodes.shape[0], 5), np.int64)
-    nr = 0
-    cache_top = h0
-    incomplete = False
-    for g in range(grp_state.shape[0]):
-        s = grp_state[g]
-        b = grp_byte[g]
-        # the byte after the lexeme: allowed by the row that scans it (groups are sorted by
-        # accepted set, so the row is built once per set and then read)
-        t = -2
-        k = state_acc[s]
-        if h0 < cache_top and row_key[h0] == k:
-            s2 = row_ls[h0]
-            if s2 >= 0 and s2 < n_states:
-                t = trans[s2 * 256 + b]
-        if t == -2:
-            st, t, _h, cache_top = _step_slow_call(b, s, h0, cache_top, G, L, P, M)
-            if st != OK:
-                if st == REJECT:
-                    continue
-                if st == MISSING:
-                    incomplete = True
-                    continue
-                return st
-        if t < 0:
-            continue
-        for j in range(grp_off[g], grp_off[g + 1]):
-            i = nodes[j]
-            R[nr, 0] = i
-            R[nr, 1] = node_end[i]
-            R[nr, 2] = node_depth[i] - 1
-            R[nr, 3] = s
-            R[nr, 4] = h0
-            nr += 1
-    st, nf = _walk_ranges(R, nr, F, G, L, P, M, W, 0, cache_top)
-    if st == MISSING or incomplete:
-        return MISSING
+    :func:`~.state_cache.build_entry` for ``s0`` with the same slices skipped, ``combo``): the
+    cached tokens as they are, one parser step per group of lexeme ends, and below the groups the
+    parser allows, nested entries or the subtrees walked as the full walk would. The same row as
+    :func:`fill_mask`."""
+    stack = _new_stack(W, 0)
+    sp = _push(stack, 0, _ENTRY, -1, 0, -1, h0, -2)
+    W.req[0] = 0
+    st, nf = _walk_dfs(stack, sp, C.grp_state, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S, h0)
     if st != OK:
         return st
     st, can = can_end(s0, h0, lex_len, G, L, P, M)

@@ -50,7 +50,8 @@ class GrammarMatcher:
         self._walk = WalkBuffers(
             ls_st=np.zeros(depth, np.int32), h_st=np.zeros(depth, np.int32),
             found=np.empty(compiled.forest.trie.n_tokens + 1, np.int32),  # written before read
-            stop_ids=np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32))
+            stop_ids=np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32),
+            req=np.zeros(1 + 2 * 64, np.int64))
         self._out = np.zeros(2, np.int32)
         self._ok = np.zeros(256, np.uint8)
         self._special = np.zeros(0, np.int64)
@@ -83,7 +84,7 @@ class GrammarMatcher:
         new._stack = self._stack.copy()
         new._M = self.compiled.new_missing(self.compiled.flat.n_lexemes)
         w = self._walk
-        new._walk = WalkBuffers(w.ls_st.copy(), w.h_st.copy(), w.found.copy(), w.stop_ids)
+        new._walk = WalkBuffers(w.ls_st.copy(), w.h_st.copy(), w.found.copy(), w.stop_ids, w.req.copy())
         new._out = self._out.copy()
         new._ok = self._ok.copy()
         new._history = deque(self._history, maxlen=self._history.maxlen)
@@ -214,15 +215,19 @@ class GrammarMatcher:
             return
         self._sync()
         comp = self.compiled
-        skip, combo, _visits, cache = comp.mask_cache_of(self._lexer).entry(self._s)
+        mc = comp.mask_cache_of(self._lexer)
+        skip, combo, _visits, cache = mc.entry(self._s)
+        w = self._walk
         if cache is not None:
             comp.run(_fill_mask_cached, self._stack, self._M,
                      (comp.forest.arrays, combo, cache, self._s, self._h, self._lex_len),
-                     (self._walk, words[:n_words]), _FILL_ERROR, self._lexer)
+                     (w, mc.store, words[:n_words]), _FILL_ERROR, self._lexer)
         else:
             comp.run(_fill_mask, self._stack, self._M,
-                     (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (self._walk, words[:n_words]),
+                     (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (w, mc.store, words[:n_words]),
                      _FILL_ERROR, self._lexer)
+        if w.req[0]:
+            mc.requested(w.req)
         if self._canon is not None:
             self._canon.restrict(words[:n_words], self.stop_token_ids)
             self._canon.prune_dead_ends(self, words[:n_words])

@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from .earley import MISSING, OK
-from .mask import FastCall, StateCache
+from .mask import FastCall, NestedStore, StateCache, _nested_slot
 
 #: a state is cached on this visit (the first visit of most states is also their last)
 BUILD_AFTER = 2
@@ -40,34 +40,28 @@ BUILD_AFTER = 2
 MAX_CACHE_BYTES = 32 << 20
 #: per-state Python overhead counted with the arrays (the entry, its tuple and dict slot)
 ENTRY_BYTES = 400
+#: a subtree below a lexeme end is cached when a walk asks for it this many times
+NESTED_BUILD_AFTER = 2
+#: per nested entry: its key, offsets and the count of requests before it was built
+NESTED_ENTRY_BYTES = 160
 
 
 @njit(nogil=True, cache=True)
-def _scan(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
-    """The part of the walk from lexer state ``s0`` that the parser takes no part in: the
-    tokens reached by lexer moves alone (``toks``), and the nodes where a lexeme ends (``nodes``,
-    the accepting state before each in ``states``; their subtrees are not entered). Dead subtrees
-    are dropped. Returns (status, tokens, nodes): OK, or MISSING when a state met is not expanded
-    yet (the scan is incomplete and must not be used)."""
+def _scan(F, lo, hi, d0, s0, trans, state_acc, ls_st, toks, nodes, states, nt, nb):
+    """The part of the walk of trie nodes ``lo .. hi - 1`` (whole subtrees), read from lexer
+    state ``s0`` at depth ``d0`` (the depth above the range's top nodes), that the parser takes
+    no part in: the tokens reached by lexer moves alone (appended to ``toks`` from ``nt``), and
+    the nodes where a lexeme ends (appended to ``nodes`` from ``nb``, the accepting state before
+    each in ``states``; their subtrees are not entered). Dead subtrees are dropped. Returns
+    (status, nt, nb): OK, or MISSING when a state met is not expanded yet (the scan is
+    incomplete and must not be used)."""
     node_byte = F.node_byte
     node_depth = F.node_depth
     node_end = F.node_end
     node_tok = F.node_tok
-    seg_start = F.seg_start
-    seg_end = F.seg_end
-    n_seg = seg_start.shape[0]
-    n = node_byte.shape[0]
-    ls_st[0] = s0
-    nt = 0
-    nb = 0
-    seg = 0
-    i = 1
-    while i < n:
-        if seg < n_seg and i == seg_start[seg]:
-            if seg_skip[seg]:
-                i = seg_end[seg]
-            seg += 1
-            continue
+    ls_st[d0] = s0
+    i = lo
+    while i < hi:
         d = node_depth[i]
         s = ls_st[d - 1]
         t = trans[s * 256 + node_byte[i]]
@@ -89,18 +83,10 @@ def _scan(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
 
 
 @njit(nogil=True, cache=True)
-def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
-    """The :data:`~.mask.StateCache` of lexer state ``s0`` (``toks``, ``nodes``, ``states``,
-    ``ls_st``: scratch, one slot per trie token, node, node and depth). Returns (status, cache):
-    OK, or MISSING when a state met is not expanded yet (the cache is then empty and unused).
-    The lexeme ends are sorted by (accepted set, state, byte), stably (the trie's order within
-    a group), and cut into groups of equal state and byte; the tokens are kept as a list, or as
-    mask words when there are more of them than words."""
-    n_words = F.combo_words.shape[1]
-    st, nt, nb = _scan(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states)
-    if st != OK:
-        nb = 0
-        nt = 0
+def _groups(F, state_acc, nodes, states, nb):
+    """The lexeme ends ``nodes[:nb]`` (accepting states ``states``) sorted by (accepted set,
+    state, byte), stably (the trie's order within a group), and cut into groups of equal state
+    and byte: (group states, group bytes, group offsets, nodes)."""
     node_byte = F.node_byte
     key = np.empty(nb, np.int64)
     for j in range(nb):
@@ -124,6 +110,42 @@ def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
             grp_byte[g] = node_byte[out_nodes[j]]
             grp_off[g] = j
     grp_off[n_grp] = nb
+    return grp_state, grp_byte, grp_off, out_nodes
+
+
+@njit(nogil=True, cache=True)
+def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
+    """The :data:`~.mask.StateCache` of lexer state ``s0``: the whole trie but the skipped
+    slices (``toks``, ``nodes``, ``states``, ``ls_st``: scratch, one slot per trie token, node,
+    node and depth). Returns (status, cache): OK, or MISSING when a state met is not expanded
+    yet (the cache is then empty and unused). The tokens are kept as a list, or as mask words
+    when there are more of them than words."""
+    n_words = F.combo_words.shape[1]
+    seg_start = F.seg_start
+    seg_end = F.seg_end
+    n_seg = seg_start.shape[0]
+    n = F.node_byte.shape[0]
+    st = OK
+    nt = 0
+    nb = 0
+    seg = 0
+    i = 1
+    while i < n and st == OK:
+        # the segments not skipped and the nodes between segments
+        if seg < n_seg and i == seg_start[seg]:
+            hi = seg_end[seg]
+            seg += 1
+            if seg_skip[seg - 1]:
+                i = hi
+                continue
+        else:
+            hi = seg_start[seg] if seg < n_seg else n
+        st, nt, nb = _scan(F, i, hi, 0, s0, trans, state_acc, ls_st, toks, nodes, states, nt, nb)
+        i = hi
+    if st != OK:
+        nb = 0
+        nt = 0
+    grp_state, grp_byte, grp_off, out_nodes = _groups(F, state_acc, nodes, states, nb)
     if nt > n_words:
         tok_words = np.zeros(n_words, np.uint32)
         for j in range(nt):
@@ -136,7 +158,40 @@ def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
     return st, StateCache(tok_words, tok_list, grp_state, grp_byte, grp_off, out_nodes)
 
 
+@njit(nogil=True, cache=True)
+def build_nested(F, t, i, trans, state_acc, ls_st, toks, nodes, states):
+    """A nested entry: the subtree of trie node ``i`` read from lexer state ``t`` (the state a
+    lexeme end at ``i`` leads to). Returns (status, tokens, group states, group bytes, group
+    offsets, nodes), as :func:`build_entry`'s (tokens always as a list)."""
+    st, nt, nb = _scan(F, i + 1, F.node_end[i], F.node_depth[i], t, trans, state_acc, ls_st, toks, nodes,
+                       states, 0, 0)
+    if st != OK:
+        nb = 0
+        nt = 0
+    grp_state, grp_byte, grp_off, out_nodes = _groups(F, state_acc, nodes, states, nb)
+    return st, toks[:nt].copy(), grp_state, grp_byte, grp_off, out_nodes
+
+
+@njit(nogil=True, cache=True)
+def _nested_insert(keys, vals, t, i, e):
+    """Add key ``(t, i)`` -> ``e`` (room reserved; the value is written before the key, so a
+    kernel reading the table concurrently never sees a key without its value)."""
+    slot = _nested_slot(keys, t, i)
+    vals[slot] = e
+    keys[slot] = (np.int64(t) << 32) | np.int64(i)
+
+
 _build_entry = FastCall(build_entry)
+_build_nested = FastCall(build_nested)
+
+
+def _grown(a: np.ndarray, need: int, used: int, fill=0) -> np.ndarray:
+    cap = a.shape[0]
+    while cap < need:
+        cap *= 2
+    b = np.full(cap, fill, a.dtype)
+    b[:used] = a[:used]
+    return b
 
 
 class StateMaskCache:
@@ -156,6 +211,14 @@ class StateMaskCache:
         # builds share one set of scratch arrays (the size of the forest)
         self._lock = threading.Lock()
         self._scratch = None
+        #: nested entries (see :data:`~.mask.NestedStore`): published whole when an array grows,
+        #: else written in place after the last entry, its key last
+        self.store = NestedStore(np.full(64, -1, np.int64), np.zeros(64, np.int32), np.zeros(65, np.int64),
+                                 np.zeros(256, np.int32), np.zeros(65, np.int64), np.zeros(256, np.int32),
+                                 np.zeros(256, np.int32), np.zeros(257, np.int64), np.zeros(256, np.int32))
+        self._n = [0, 0, 0, 0]   # entries, tokens, groups, nodes used in the store
+        self._asked: dict[int, int] = {}
+        self.n_nested = 0
 
     def entry(self, s: int) -> list:
         """``[skip flags, combination, visits, cache]`` of state ``s`` (the cache, when not None,
@@ -171,6 +234,82 @@ class StateMaskCache:
                 e[3] = self._build(s, e[0])
         return e
 
+    def requested(self, req: np.ndarray) -> None:
+        """The subtrees a walk asked for (``req``: count, then (state, node) pairs): counted, and
+        built once asked for :data:`NESTED_BUILD_AFTER` times."""
+        n = int(req[0])
+        pairs = req[1:1 + 2 * n].tolist()
+        req[0] = 0
+        asked = self._asked
+        for k in range(n):
+            t, i = pairs[2 * k], pairs[2 * k + 1]
+            key = t << 32 | i
+            v = asked.get(key, 0) + 1
+            asked[key] = v
+            if v == NESTED_BUILD_AFTER and self.nbytes < self.max_bytes:
+                self._build_nested(t, i)
+        if len(asked) > 1_000_000:   # counts only: bounded like the rest
+            asked.clear()
+
+    def _scratch_arrays(self, F):
+        if self._scratch is None:
+            n = F.node_byte.shape[0]
+            self._scratch = (np.empty(int(self.forest.trie.max_depth) + 2, np.int32),
+                             np.empty(self.forest.trie.n_tokens + 1, np.int32),
+                             np.empty(n, np.int32), np.empty(n, np.int32))
+        return self._scratch
+
+    def _build_nested(self, t: int, i: int) -> None:
+        lexer = self._lexer()
+        if lexer is None:
+            return
+        L = lexer.tables
+        F = self.forest.arrays
+        with self._lock:
+            S = self.store
+            if S.keys[_nested_slot(S.keys, t, i)] != -1:
+                return
+            st, toks, gs, gb, go, nodes = _build_nested(F, t, i, L.trans, L.state_acc, *self._scratch_arrays(F))
+            if st != 0:
+                return
+            ne, nt, ng, nn = self._n
+            nt2, ng2, nn2 = nt + toks.shape[0], ng + gs.shape[0], nn + nodes.shape[0]
+            keys, vals = S.keys, S.vals
+            grown = {}
+            if 2 * (ne + 1) > keys.shape[0]:
+                keys = np.full(2 * keys.shape[0], -1, np.int64)
+                vals = np.zeros(keys.shape[0], np.int32)
+                old = S.keys
+                for slot in np.flatnonzero(old != -1).tolist():
+                    k = int(old[slot])
+                    _nested_insert(keys, vals, k >> 32, k & 0xFFFFFFFF, int(S.vals[slot]))
+                grown.update(keys=keys, vals=vals)
+            for name, need, used in (("e_tok_off", ne + 2, ne + 1), ("e_grp_off", ne + 2, ne + 1),
+                                     ("toks", nt2, nt), ("grp_state", ng2, ng), ("grp_byte", ng2, ng),
+                                     ("grp_node_off", ng2 + 1, ng + 1), ("nodes", nn2, nn)):
+                a = getattr(S, name)
+                if need > a.shape[0]:
+                    grown[name] = _grown(a, need, used)
+            if grown and "keys" not in grown:
+                # the new entry's key must appear only in a table published with its arrays: a
+                # kernel still holding the old arrays would read past them
+                grown.update(keys=keys.copy(), vals=vals.copy())
+            S = S._replace(**grown)
+            S.toks[nt:nt2] = toks
+            S.grp_state[ng:ng2] = gs
+            S.grp_byte[ng:ng2] = gb
+            S.grp_node_off[ng + 1:ng2 + 1] = go[1:] + nn
+            S.grp_node_off[ng] = nn
+            S.nodes[nn:nn2] = nodes
+            S.e_tok_off[ne + 1] = nt2
+            S.e_grp_off[ne + 1] = ng2
+            self.store = S   # the new arrays (if any) before the key that makes the entry visible
+            _nested_insert(S.keys, S.vals, t, i, ne)
+            self._n = [ne + 1, nt2, ng2, nn2]
+            self.nbytes += (toks.nbytes + gs.nbytes + gb.nbytes + go.nbytes + nodes.nbytes
+                            + NESTED_ENTRY_BYTES)
+            self.n_nested += 1
+
     def _build(self, s: int, flags: np.ndarray):
         lexer = self._lexer()
         if lexer is None:
@@ -178,12 +317,7 @@ class StateMaskCache:
         L = lexer.tables
         F = self.forest.arrays
         with self._lock:
-            if self._scratch is None:
-                n = F.node_byte.shape[0]
-                self._scratch = (np.empty(int(self.forest.trie.max_depth) + 2, np.int32),
-                                 np.empty(self.forest.trie.n_tokens + 1, np.int32),
-                                 np.empty(n, np.int32), np.empty(n, np.int32))
-            st, C = _build_entry(F, flags, s, L.trans, L.state_acc, *self._scratch)
+            st, C = _build_entry(F, flags, s, L.trans, L.state_acc, *self._scratch_arrays(F))
             if st != OK:
                 return None
             self.nbytes += sum(a.nbytes for a in C) + ENTRY_BYTES
