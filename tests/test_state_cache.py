@@ -185,3 +185,37 @@ def test_threads_share_the_cache_llama3(llama3, cache_every_state):
         t.join()
     assert not errors
     assert _used(cg) > 0 and _nested(cg) > 0
+
+
+@pytest.mark.parametrize("k", range(len(SCHEMAS)))
+def test_rows_kept_across_calls_match_a_fresh_matcher(llama3, k):
+    """Parser rows built above the height by one call are reused by the next ones
+    (``earley.row_top``): through masks, refused tokens, rollbacks and forks, every mask must
+    equal that of a fresh matcher fed the same accepted tokens."""
+    info, tk = llama3
+    cg = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[k])
+    r = random.Random(100 + k)
+    for doc in DOCS[k]:
+        ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
+        m = GrammarMatcher(cg)
+        pos = 0
+        for _ in range(3 * len(ids)):
+            if pos == len(ids):
+                break
+            op = r.random()
+            if op < 0.3:
+                x = r.randrange(info.vocab_size)   # mostly refused: a byte step that fails
+                if m.accept_token(x):
+                    m.rollback(1)
+            elif op < 0.45 and pos:
+                back = r.randint(1, min(3, pos))
+                m.rollback(back)
+                pos -= back
+            elif op < 0.55:
+                m = m.fork()
+            fresh = GrammarMatcher(cg)
+            for x in ids[:pos]:
+                assert fresh.accept_token(x)
+            assert np.array_equal(_mask(m), _mask(fresh)), (k, pos)
+            assert m.accept_token(ids[pos])
+            pos += 1

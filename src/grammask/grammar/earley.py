@@ -53,7 +53,9 @@ GrammarTables = namedtuple("GrammarTables", "sym end_lhs prod_start nt_lo nt_hi 
 #: ``pred`` (per nonterminal: stamp of its last prediction), ``lex_stamp``/``lex_mark`` (per
 #: lexeme), ``allowed`` (the sorted allowed lexemes of a row), ``hstamp``/``hkeys`` (the item
 #: hash of the row being built: slot in use when its stamp is current), and
-#: ``info = [stamp counter, accept_pos, start nonterminal, unused]``
+#: ``info = [stamp counter, accept_pos, start nonterminal, top]``: the rows from the matcher's
+#: height up to ``top`` (exclusive) are consistent with the rows below them, so a kernel may
+#: reuse them (by ``row_key``) across calls; :func:`compute_row` keeps it (see :func:`row_top`)
 ParseArrays = namedtuple("ParseArrays", "it_pos it_org row_beg row_ls row_key row_acc "
                                         "pred lex_stamp lex_mark allowed hstamp info hkeys")
 
@@ -224,6 +226,16 @@ def resolve_row_start(r, G, L, P, M):
     return ls
 
 
+@njit(nogil=True, cache=True, inline="always")
+def row_top(P, h):
+    """Where a kernel starting at height ``h`` starts its ``cache_top``: the rows ``h ..
+    top - 1`` built by earlier calls are still consistent with the rows below them (a row is
+    only ever rebuilt by :func:`compute_row`, which lowers ``top`` to it first; rows below ``h``
+    are the matcher's own)."""
+    t = P.info[3]
+    return t if t > h else h
+
+
 @njit(nogil=True, cache=True)
 def compute_row(r, acc_set, G, L, P, M):
     """Build row ``r``: the initial row when ``r == 0``, else scan the lexemes of accepted set
@@ -232,6 +244,8 @@ def compute_row(r, acc_set, G, L, P, M):
     row_beg = P.row_beg
     if r + 2 > row_beg.shape[0]:
         return GROW_ROWS
+    # the rows from r up are no longer consistent (valid again up to r + 1 once built)
+    P.info[3] = r
     stamp = _next_stamp(P)
     end = row_beg[r]
     it_pos = P.it_pos
@@ -268,6 +282,7 @@ def compute_row(r, acc_set, G, L, P, M):
     row_beg[r + 1] = end
     P.row_key[r] = acc_set
     resolve_row_start(r, G, L, P, M)
+    P.info[3] = r + 1
     return OK
 
 

@@ -21,7 +21,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start
+from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start, row_top
 from .lexdfa import FastCall  # noqa: F401 - defined there (the lexer uses it too), used from here
 
 #: a trie subtree of at most this many nodes skipped for a missing lexer state is recorded as a
@@ -244,24 +244,16 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
             j = stack[sp, 3]
             h = stack[sp, 4]
             t = stack[sp, 5]
-            if e < 0:
-                gs = Cgs
-                gb = Cgb
-                go = Cgo
-                nd = Cn
-                g_end = Cgs.shape[0]
-            else:
-                gs = s_gs
-                gb = s_gb
-                go = s_go
-                nd = s_n
-                g_end = s_grp_off[e + 1]
+            # (scalars read from the root's or the store's arrays: an array variable assigned
+            # in the loop would count references at every item)
+            root = e < 0
+            g_end = Cgs.shape[0] if root else s_grp_off[e + 1]
             while g < g_end:
                 if j < 0:
                     # the byte after the lexeme: allowed by the row that scans it (groups are
                     # sorted by accepted set, so the row is built once per set and then read)
-                    s = gs[g]
-                    b = gb[g]
+                    s = Cgs[g] if root else s_gs[g]
+                    b = Cgb[g] if root else s_gb[g]
                     t = -2
                     k = state_acc[s]
                     if h < cache_top and row_key[h] == k:
@@ -279,12 +271,12 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
                     if t < 0:
                         g += 1
                         continue
-                    j = go[g]
-                if j >= go[g + 1]:
+                    j = Cgo[g] if root else s_go[g]
+                if j >= (Cgo[g + 1] if root else s_go[g + 1]):
                     g += 1
                     j = -1
                     continue
-                i = nd[j]
+                i = Cn[j] if root else s_n[j]
                 j += 1
                 d = node_depth[i]
                 ls_st[d] = t
@@ -407,7 +399,8 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S):
         i = lo
     W.req[0] = 0
     e32 = F.dup_first[:0]
-    return _walk_dfs(stack, sp, e32, e32, seg_start[:0].astype(np.int64), e32, F, G, L, P, M, W, S, h0)
+    return _walk_dfs(stack, sp, e32, e32, seg_start[:0].astype(np.int64), e32, F, G, L, P, M, W, S,
+                     row_top(P, h0))
 
 
 @njit(nogil=True, cache=True)
@@ -485,7 +478,8 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words):
     stack = _new_stack(W, 0)
     sp = _push(stack, 0, _ENTRY, -1, 0, -1, h0, -2)
     W.req[0] = 0
-    st, nf = _walk_dfs(stack, sp, C.grp_state, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S, h0)
+    st, nf = _walk_dfs(stack, sp, C.grp_state, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,
+                       row_top(P, h0))
     if st != OK:
         return st
     st, can = can_end(s0, h0, lex_len, G, L, P, M)
@@ -498,7 +492,7 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words):
 @njit(nogil=True, cache=True)
 def advance_bytes(data, s, h, G, L, P, M, out):
     """Feed ``data`` from (``s``, ``h``); on OK, ``out = [state, height]``."""
-    cache_top = h
+    cache_top = row_top(P, h)
     for i in range(data.shape[0]):
         st, s, h, cache_top = step_slow(data[i], s, h, cache_top, G, L, P, M)
         if st != OK:
@@ -529,7 +523,7 @@ def can_end(s, h, lex_len, G, L, P, M):
 @njit(nogil=True, cache=True)
 def allowed_bytes(s, h, G, L, P, M, out):
     """``out[b] = 1`` for every byte that can come next. Returns a status."""
-    cache_top = h
+    cache_top = row_top(P, h)
     incomplete = False
     trans = L.trans
     not_accepting = L.state_acc[s] < 0

@@ -100,8 +100,9 @@ class GrammarMatcher:
         """Move this matcher's lexer states to the compiled grammar's newest lexer generation
         when there is a newer one or ours is full (see :mod:`.lexer`); called first by every
         public method that reads the lexer. The parse stack holds no lexer ids that are read
-        again (rows at and above the current height are rebuilt by each call), so the current
-        state and the rollback history are all there is to move."""
+        again once the rows above the height are marked stale (``info[3]``, see
+        :func:`~.earley.row_top`), so the current state and the rollback history are all there is
+        to move."""
         lx = self._lexer
         if lx is self.compiled.lexer and not lx.full:
             return
@@ -119,6 +120,8 @@ class GrammarMatcher:
         self._s = move(self._s)
         self._history = deque([(move(s), h, n, t) for s, h, n, t in self._history], maxlen=self._history.maxlen)
         self._lexer = new
+        # rows above the height hold start states of the old generation: none may be reused
+        self._stack.arrays.info[3] = 0
 
     def _call(self, fn, *head, tail=()):
         """Run kernel ``fn(*head, G, L, P, M, *tail)`` until it settles (:meth:`CompiledGrammar.run`)."""
