@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import weakref
 from collections import namedtuple
-from contextlib import contextmanager
 
 import numpy as np
 from numba import njit
@@ -175,6 +174,31 @@ def _rehashed(keys: np.ndarray, need: int, off: np.ndarray, data: np.ndarray, n:
     return new
 
 
+class _Counting:
+    """:meth:`Lexer.counting` (a plain context manager: it is entered at every expansion)."""
+
+    __slots__ = ("lx", "ex", "packed", "n0")
+
+    def __init__(self, lx: "Lexer"):
+        self.lx = lx
+        self.ex = lx.exprs
+        self.packed = lexdfa.packed_memo(self.ex)   # the compiled expansion's rows
+
+    def __enter__(self):
+        ex = self.ex
+        self.n0 = (len(ex), len(ex._deriv), len(self.lx._moves_cache), len(self.packed))
+        return self
+
+    def __exit__(self, *exc):
+        lx, ex = self.lx, self.ex
+        n0, d0, m0, p0 = self.n0
+        lx.grown_nodes += max(0, len(ex) - n0)
+        lx.grown_derivs += max(0, len(ex._deriv) - d0)
+        lx.grown_moves += max(0, len(lx._moves_cache) - m0)
+        lx.grown_packed += max(0, len(self.packed) - p0)
+        return False
+
+
 class Lexer:
     """Lazily determinised lexer over the lexemes ``lexemes`` (expression ids in ``exprs``)."""
 
@@ -295,19 +319,22 @@ class Lexer:
             self.full = True
 
     def _fill_rows_once(self, gs) -> None:
-        X = self._X
-        g_expr = X.g_expr
         ex = self.exprs
-        packed = [lexdfa.packed_transitions(ex, int(g_expr[g])) for g in gs]
-        ks = [len(p[2]) for p in packed]
-        off = np.zeros(len(gs) + 1, np.int64)
-        np.cumsum(ks, out=off[1:])
-        total = int(off[-1])
+        pt = lexdfa.packed_transitions
+        packed = [pt(ex, e) for e in self._X.g_expr[gs].tolist()]
+        off = [0]
+        total = 0
+        for p in packed:
+            total += len(p[2])
+            off.append(total)
         self._reserve_g(total)
-        masks = np.frombuffer(b"".join([p[0] for p in packed]), np.uint64).reshape(total, 4)
-        targets = np.frombuffer(b"".join([p[1] for p in packed]), np.int64)
-        tnull = np.frombuffer(b"".join([p[2] for p in packed]), np.uint8)
-        _fill_rows(np.array(gs, np.int64), off, masks, targets, tnull, self._X)
+        if len(packed) == 1:
+            m, t, n = packed[0]
+        else:
+            m, t, n = (b"".join([p[0] for p in packed]), b"".join([p[1] for p in packed]),
+                       b"".join([p[2] for p in packed]))
+        _fill_rows(np.array(gs, np.int64), np.array(off, np.int64), np.frombuffer(m, np.uint64).reshape(total, 4),
+                   np.frombuffer(t, np.int64), np.frombuffer(n, np.uint8), self._X)
 
     def _eager_intern(self, gs: list[int]) -> int:
         """Intern the lexer state of DFA states ``gs`` (not expanded)."""
@@ -533,19 +560,9 @@ class Lexer:
         return new
 
     # ---------------------------------------------------------------- memory
-    @contextmanager
-    def counting(self):
+    def counting(self) -> "_Counting":
         """Count what the block adds to the ExprSet (under ``self.lock``) as this lexer's own."""
-        ex = self.exprs
-        packed = lexdfa.packed_memo(ex)   # the compiled expansion's rows
-        n0, d0, m0, p0 = len(ex), len(ex._deriv), len(self._moves_cache), len(packed)
-        try:
-            yield
-        finally:
-            self.grown_nodes += max(0, len(ex) - n0)
-            self.grown_derivs += max(0, len(ex._deriv) - d0)
-            self.grown_moves += max(0, len(self._moves_cache) - m0)
-            self.grown_packed += max(0, len(packed) - p0)
+        return _Counting(self)
 
     def table_bytes(self) -> int:
         """Bytes of the tables kernels read (transitions, accepted sets, start states) and the
