@@ -219,3 +219,39 @@ def test_rows_kept_across_calls_match_a_fresh_matcher(llama3, k):
             assert np.array_equal(_mask(m), _mask(fresh)), (k, pos)
             assert m.accept_token(ids[pos])
             pos += 1
+
+
+LONG = {"type": "object", "properties": {
+    "a": {"type": "string", "maxLength": 300},
+    "b": {"type": "string", "minLength": 150, "maxLength": 400},
+    "c": {"type": "string", "pattern": "^(?:\\S+\\s+){0,99}\\S+$", "maxLength": 2000},
+    "d": {"type": "array", "items": {"type": "integer"}, "maxItems": 400}},
+    "required": ["a", "b", "c", "d"], "additionalProperties": False}
+
+
+def test_walk_states_of_long_counters_give_the_exact_masks(llama3, monkeypatch):
+    """Masks walk from ``Lexer.walk_state`` (far counters capped at the longest token): the
+    positions of a long string share a walk state, and every mask must equal the mask walked
+    from the exact state (a copy of the grammar with walk states turned off)."""
+    from grammask.grammar.lexer import Lexer
+
+    info, tk = llama3
+    capped_g = GrammarCompiler(info, cache_size=0).compile_json_schema(LONG)
+    exact_g = GrammarCompiler(info, cache_size=0).compile_json_schema(LONG)
+    real = Lexer.walk_state
+
+    def walk_state(self, s, n):
+        return s if self is exact_g.lexer else real(self, s, n)
+
+    monkeypatch.setattr(Lexer, "walk_state", walk_state)
+    words = " ".join(f"w{i}" for i in range(40))
+    doc = {"a": "x" * 120 + "é" * 20, "b": "y" * 160 + " z" * 10, "c": words + "  tail", "d": list(range(60))}
+    ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
+    a, b = GrammarMatcher(capped_g), GrammarMatcher(exact_g)
+    shared = set()
+    for step, t in enumerate(ids):
+        assert np.array_equal(_mask(a), _mask(b)), f"step {step} before {tk.decode([t])!r}"
+        shared.add(capped_g.lexer.walk_state(a._s, a._walk_bytes) != a._s)
+        assert a.accept_token(t) and b.accept_token(t)
+    assert np.array_equal(_mask(a), _mask(b))
+    assert True in shared, "no state was capped: the test did not exercise walk states"

@@ -222,6 +222,7 @@ class Lexer:
         self._moves_cache = exprs.__dict__.setdefault("_lexer_moves", {})
         self._states: list[tuple[tuple[int, int], ...]] = []
         self._state_ids: dict[tuple, int] = {}
+        self._twins: dict[int, int] = {}   # walk_state's memo
         self._acc_sets: list[tuple[int, ...]] = []
         self._acc_ids: dict[tuple, int] = {}
         cap = 64
@@ -617,6 +618,36 @@ class Lexer:
             if self.eager:
                 return self._eager_intern([self._g(lx, e) for lx, e in m])
             return self._intern(m)
+
+    # ---------------------------------------------------------------- walk states
+    def walk_state(self, s: int, n: int) -> int:
+        """A state that reads every string of at most ``n`` bytes as ``s`` does (the same
+        prefixes alive, the same lexemes accepted after each): ``s`` with every counted
+        repetition its members cannot finish within ``n`` bytes capped (:func:`.slicer.capped`;
+        ``s`` itself when nothing is capped). A mask reads at most ``n`` bytes per token (the
+        longest token), so it may walk from this state instead: the states of a long string
+        (``maxLength: 255``, a new lexer state per character) share their walk states, and so
+        their expansions, slice proofs and state cache entries. Memoised per state."""
+        twins = self._twins
+        r = twins.get(s)
+        if r is not None:
+            return r
+        from .slicer import capped
+
+        with self.lock, self.counting():
+            members = self.state_members(s)
+            ex = self.exprs
+            new = tuple(sorted([(lx, capped(ex, e, n)) for lx, e in members]))
+            if new == tuple(sorted(members)):
+                r = s
+            elif self.eager:
+                r = self._eager_intern([self._g(lx, e) for lx, e in new])
+            else:
+                r = self._intern(new)
+        if len(twins) > MAX_LEXER_STATES:
+            twins.clear()
+        twins[s] = r
+        return r
 
     # ---------------------------------------------------------------- start states
     def start_state(self, allowed: list[int] | tuple[int, ...]) -> int:

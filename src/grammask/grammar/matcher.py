@@ -53,6 +53,8 @@ class GrammarMatcher:
             stop_ids=np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32),
             req=np.zeros(1 + 2 * 64, np.int64))
         self._out = np.zeros(2, np.int32)
+        #: the longest token's bytes: what one mask's walk reads at most (see Lexer.walk_state)
+        self._walk_bytes = int(compiled.forest.trie.max_depth)
         self._ok = np.zeros(256, np.uint8)
         self._special = np.zeros(0, np.int64)
         # canonical=True (or a CanonicalTokenizer): only canonical token sequences (canonical.py)
@@ -218,17 +220,21 @@ class GrammarMatcher:
             return
         self._sync()
         comp = self.compiled
-        mc = comp.mask_cache_of(self._lexer)
-        skip, combo, _visits, cache = mc.entry(self._s)
+        lexer = self._lexer
+        # the walk reads one token: from a state that reads every token as ours does (far
+        # counters capped, so the positions of a long string share it)
+        s = lexer.walk_state(self._s, self._walk_bytes)
+        mc = comp.mask_cache_of(lexer)
+        skip, combo, _visits, cache = mc.entry(s)
         w = self._walk
         if cache is not None:
             comp.run(_fill_mask_cached, self._stack, self._M,
-                     (comp.forest.arrays, combo, cache, self._s, self._h, self._lex_len),
-                     (w, mc.store, words[:n_words]), _FILL_ERROR, self._lexer)
+                     (comp.forest.arrays, combo, cache, s, self._h, self._lex_len),
+                     (w, mc.store, words[:n_words]), _FILL_ERROR, lexer)
         else:
             comp.run(_fill_mask, self._stack, self._M,
-                     (comp.forest.arrays, skip, self._s, self._h, self._lex_len), (w, mc.store, words[:n_words]),
-                     _FILL_ERROR, self._lexer)
+                     (comp.forest.arrays, skip, s, self._h, self._lex_len), (w, mc.store, words[:n_words]),
+                     _FILL_ERROR, lexer)
         if w.req[0]:
             mc.requested(w.req)
         if self._canon is not None:
