@@ -623,8 +623,9 @@ class Lexer:
     def walk_state(self, s: int, n: int) -> int:
         """A state that reads every string of at most ``n`` bytes as ``s`` does (the same
         prefixes alive, the same lexemes accepted after each): ``s`` with every counted
-        repetition its members cannot finish within ``n`` bytes capped (:func:`.slicer.capped`;
-        ``s`` itself when nothing is capped). A mask reads at most ``n`` bytes per token (the
+        repetition its members cannot finish within ``n`` bytes capped, outside intersections and
+        complements (:func:`.slicer.capped` with ``keep_and``; ``s`` itself when nothing is
+        capped). A mask reads at most ``n`` bytes per token (the
         longest token), so it may walk from this state instead: the states of a long string
         (``maxLength: 255``, a new lexer state per character) share their walk states, and so
         their expansions, slice proofs and state cache entries. Memoised per state."""
@@ -637,7 +638,7 @@ class Lexer:
         with self.lock, self.counting():
             members = self.state_members(s)
             ex = self.exprs
-            new = tuple(sorted([(lx, capped(ex, e, n)) for lx, e in members]))
+            new = tuple(sorted([(lx, capped(ex, e, n, keep_and=True)) for lx, e in members]))
             if new == tuple(sorted(members)):
                 r = s
             elif self.eager:

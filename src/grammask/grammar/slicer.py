@@ -312,26 +312,32 @@ def max_length(ex: ExprSet, e: int) -> int:
     return memo[e]
 
 
-def capped(ex: ExprSet, e: int, n: int) -> int:
+def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False) -> int:
     """``e`` with every counted repetition ``x{lo,hi}`` whose ``hi`` (finite) exceeds
     ``c = max(lo, n // minlen(x) + 1)`` made ``x{lo,c}`` (a string of ``n`` bytes reads at most
     ``n // minlen(x)`` whole iterations of ``x`` and part of one more), except under complements:
     a sub-language of ``e`` (every constructor but the complement is monotone). Memoised per
-    ``(e, n)`` in the ExprSet."""
+    ``(e, n)`` in the ExprSet.
+
+    ``keep_and``: intersections are kept whole too. Then a string of at most ``n`` bytes is alive
+    (a prefix of a word) and accepted in the result exactly when it is in ``e``: the capped
+    counters still reach their lower bounds, and a completion never needs more iterations than
+    the prefix used plus one. Under an intersection that is not so (capping ``.{1,65536}`` in
+    ``uri & .{1,65536}`` leaves no room to complete ``[``). What :meth:`.Lexer.walk_state` uses."""
     # one memo per ``n`` of every sub-expression's capped form: the states of a lexer share most
     # of their sub-expressions, so each new state caps only what is new in it
-    done = ex.__dict__.setdefault("_capped", {}).setdefault(n, {})
+    done = ex.__dict__.setdefault("_capped", {}).setdefault((n, keep_and), {})
     r = done.get(e)
     if r is not None:
         return r
     if len(done) > MAX_CAPPED_MEMO:
         done.clear()
-    order = _post_order(ex, e, done, skip_not=True)
+    order = _post_order(ex, e, done, skip_not=True, skip_and=keep_and)
     if order is None:
         return e
     for x in order:
         k = ex.kind[x]
-        if k in (EMPTY, EPS, BYTES, NOT):
+        if k in (EMPTY, EPS, BYTES, NOT) or (keep_and and k == AND):
             v = x
         elif k == REPEAT:
             a, lo, hi = ex.args[x]
@@ -355,9 +361,11 @@ def capped(ex: ExprSet, e: int, n: int) -> int:
     return done[e]
 
 
-def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False) -> list[int] | None:
+def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,
+                skip_and: bool = False) -> list[int] | None:
     """The sub-expressions of ``e`` not in ``done``, children before parents (None: more than
-    :data:`MAX_CAP_NODES`). With ``skip_not`` the inside of a complement is not entered."""
+    :data:`MAX_CAP_NODES`). With ``skip_not`` (``skip_and``) the inside of a complement (an
+    intersection) is not entered."""
     order: list[int] = []
     seen: set[int] = set()
     stack = [(e, False)]
@@ -375,6 +383,6 @@ def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False) -> list
         k = ex.kind[x]
         if k == REPEAT:
             stack.append((ex.args[x][0], False))
-        elif k in (CONCAT, OR, AND) or (k == NOT and not skip_not):
+        elif k in (CONCAT, OR) or (k == AND and not skip_and) or (k == NOT and not skip_not):
             stack.extend((y, False) for y in ex.args[x])
     return order
