@@ -16,6 +16,13 @@ trie once with lexer moves alone and keeps
 lexer-only paths gone. In a JSON string the full walk visits ~4,000 nodes of the Llama-3 trie
 that the slices do not cover; the cached mask reads ~300 tokens and decides ~75 groups.
 
+Below a lexeme end the walk goes on from the state the parser's row gives (``t``), over the
+subtree of that trie node ``i``: again parser-independent up to its own lexeme ends. So walks ask
+for such subtrees (:data:`~.mask.NESTED_MIN_NODES` nodes or more) and one asked for
+:data:`NESTED_BUILD_AFTER` times becomes a *nested entry* keyed by ``(t, i)``, read by both mask
+kernels in place of the subtree (:data:`~.mask.NestedStore`: one flat store per generation,
+written in place after its last entry with the key last, republished whole when an array grows).
+
 A state is cached on its second visit (:data:`BUILD_AFTER`), when its scan meets no lexer state
 that is not expanded yet (otherwise the scan is retried at later visits, a power of two apart).
 Lexer states only ever grow transitions, so an entry stays valid for the lexer generation it was
@@ -44,6 +51,8 @@ ENTRY_BYTES = 400
 NESTED_BUILD_AFTER = 2
 #: per nested entry: its key, offsets and the count of requests before it was built
 NESTED_ENTRY_BYTES = 160
+#: subtrees whose requests are counted before the counts are dropped (about 100 bytes each)
+MAX_ASKED = 100_000
 
 
 @njit(nogil=True, cache=True)
@@ -248,7 +257,7 @@ class StateMaskCache:
             asked[key] = v
             if v == NESTED_BUILD_AFTER and self.nbytes < self.max_bytes:
                 self._build_nested(t, i)
-        if len(asked) > 1_000_000:   # counts only: bounded like the rest
+        if len(asked) > MAX_ASKED:   # counts only, but bounded like the rest
             asked.clear()
 
     def _scratch_arrays(self, F):
