@@ -435,3 +435,116 @@ def _each_step(info, encode, monkeypatch, *, per_step, walks, steps, min_checked
             assert m.accept_token(t) and plain.accept_token(t)
             ids.append(t)
     assert checked > min_checked and blocked > min_blocked, (checked, blocked)
+
+
+# ---------------------------------------------------------------------------------------------- per request (engine)
+# The scripted backend over the small BPE writes its script with greedy longest-match tokens, which
+# for this text are not the BPE's own: a plain mask lets them through, a canonical one does not.
+SCRIPT = "8651 6353  ll"
+SCRIPT_RF = {"type": "regex", "pattern": "[0-9a-z ]{1,16}"}
+
+
+def _bpe_backend(small, text=SCRIPT):
+    from grammask.pipeline.scripted import ScriptedBackend
+
+    info, _, encode = small
+    b = ScriptedBackend(text, tokenizer_info=info)
+    assert b.encode(text) != encode(text)      # the script is not canonical
+    return b
+
+
+async def _ids_of(eng, small, stream=False, **kw):
+    """(text, generated ids read back from logprobs, finish_reason) of one request."""
+    info = small[0]
+    by = {b: i for i, b in enumerate(info.token_bytes) if b}
+    r = await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                          logprobs=True, stream=stream, **kw)
+    if not stream:
+        c = r.choices[0]
+        return c.message.content, [by[bytes(lp.bytes)] for lp in c.logprobs.content], c.finish_reason
+    text, ids, reason = "", [], None
+    async for ch in r:
+        for c in ch.choices:
+            text += c.delta.content or ""
+            ids += [by[bytes(lp.bytes)] for lp in (c.logprobs.content if c.logprobs else [])]
+            reason = c.finish_reason or reason
+    return text, ids, reason
+
+
+async def test_request_canonical_overrides_the_engine_default(small):
+    from grammask.pipeline import AsyncEngine
+
+    info, _, encode = small
+    for engine_default in (False, True):
+        eng = await AsyncEngine.create(_bpe_backend(small), canonical=engine_default)
+        for stream in (False, True):
+            for where in ("request", "response_format"):
+                for want in (None, True, False):
+                    kw = {"response_format": dict(SCRIPT_RF)}
+                    if want is not None:
+                        if where == "request":
+                            kw["canonical"] = want
+                        else:
+                            kw["response_format"]["canonical"] = want
+                    text, ids, reason = await _ids_of(eng, small, stream, **kw)
+                    canonical = engine_default if want is None else want
+                    assert reason == "stop"
+                    assert info.decode(ids).decode() == text
+                    if canonical:      # decode -> re-encode gives the same ids
+                        assert encode(text) == ids, (engine_default, want, where, text)
+                    else:              # plain: the script's own (non-canonical) tokens
+                        assert text == SCRIPT and encode(text) != ids, (engine_default, want, where, text)
+        assert eng.grammar_cache.misses == 1     # one compiled grammar for both kinds of matcher
+        await eng.aclose()
+
+
+async def test_concurrent_canonical_and_plain_requests_on_one_grammar(small):
+    import anyio
+
+    from grammask.pipeline import AsyncEngine
+
+    info, _, encode = small
+    eng = await AsyncEngine.create(_bpe_backend(small), max_batch=8)
+    out: dict = {}
+
+    async def one(k, canonical):
+        out[k] = await _ids_of(eng, small, stream=k % 3 == 0, response_format=SCRIPT_RF, canonical=canonical)
+
+    async with anyio.create_task_group() as tg:
+        for k in range(8):
+            tg.start_soon(one, k, k % 2 == 0)
+    for k, (text, ids, reason) in out.items():
+        assert reason == "stop"
+        if k % 2 == 0:
+            assert encode(text) == ids, (k, text)
+        else:
+            assert text == SCRIPT and encode(text) != ids, (k, text)
+    assert eng.grammar_cache.misses == 1
+    await eng.aclose()
+
+
+async def test_request_canonical_on_an_unsupported_tokenizer_is_a_typed_error():
+    from grammask.errors import InvalidRequestError
+    from grammask.pipeline import AsyncEngine
+    from grammask.pipeline.scripted import ScriptedBackend
+
+    b = ScriptedBackend("abc")
+    eng = await AsyncEngine.create(b)
+    for kw in ({"canonical": True}, {"response_format": {"type": "regex", "pattern": "[a-c]+", "canonical": True}}):
+        kw.setdefault("response_format", {"type": "regex", "pattern": "[a-c]+"})
+        for _ in range(2):   # the reason is remembered, the error raised again
+            with pytest.raises(CanonicalTokenizationError, match="keeps no tokenizer"):
+                await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **kw)
+    # nothing ran: no sequence taken, no request left, the engine still serves
+    assert not b.live and not eng.active_requests and not b.calls
+    r = await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                          response_format={"type": "regex", "pattern": "[a-c]+"}, canonical=False)
+    assert r.choices[0].message.content == "abc"
+    # unconstrained text: canonical has nothing to mask, and is accepted
+    r = await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0, canonical=True)
+    assert r.choices[0].message.content == "abc"
+    for bad in ("yes", 1, "true", {}):
+        with pytest.raises(InvalidRequestError) as ei:
+            await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], canonical=bad)
+        assert ei.value.param == "canonical"
+    await eng.aclose()
