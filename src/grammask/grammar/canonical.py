@@ -34,6 +34,7 @@ import unicodedata
 from collections import OrderedDict
 
 import numpy as np
+from numba import njit
 
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
@@ -133,6 +134,7 @@ class CanonicalTokenizer:
         self._sig_verdicts: dict = {}   # region key -> verdict per signature
         self._cuts: dict = {}           # region key -> index of the junction to cut at (-1: none)
         self._conflicts: OrderedDict = OrderedDict()
+        self._regions: dict = {}        # (tokens, pair bits, pending) -> (region key, junction tokens)
         self.max_cached_regions = 4096
         #: a mask of at most this many tokens on a region not seen before is judged token by token
         self.lazy_limit = 4096
@@ -492,6 +494,16 @@ class CanonicalTokenizer:
         return w
 
 
+_NO_CONFLICTS: dict = {}
+
+
+@njit(nogil=True, cache=True)
+def _and_allowed(words, ok, need, conf):
+    """``words &= ok | (need & ~conf)`` in one pass (no temporaries)."""
+    for i in range(ok.shape[0]):
+        words[i] &= ok[i] | (need[i] & ~conf[i])
+
+
 def _ids_of(words: np.ndarray, limit: int):
     """Ids of the set bits of ``words``, or None when more than ``limit`` words are non-zero
     (cheap on a wide mask: only the non-zero words are expanded)."""
@@ -548,6 +560,13 @@ class CanonicalState:
         to the token it starts in; a junction inside a character is not a junction (no boundary
         can fall there; its pair bit was required when the token was accepted)."""
         if self._key is None:
+            # a pure function of (tokens, pair bits, pending bytes): memoised per tokenizer
+            memo = self.ct._regions
+            mk = (self.tokens, self.pair_ok, self.pending)
+            hit = memo.get(mk)
+            if hit is not None:
+                self._key, self._jtok = hit
+                return self._key
             tb = self.ct.info.token_bytes
             text = b"".join(tb[t] for t in self.tokens)
             if self.pending:
@@ -591,6 +610,9 @@ class CanonicalState:
                 rep += rep_of(txt)
             self._key = (rep, tuple(junc))
             self._jtok = jtok
+            if len(memo) > 100_000:
+                memo.clear()
+            memo[mk] = (self._key, jtok)
         return self._key
 
     def allowed_words(self, words: np.ndarray) -> None:
@@ -610,11 +632,11 @@ class CanonicalState:
         ok, need = hit
         if self.last >= 0 and self.tokens:
             conf = ct.conflict_words(self.last)
-            allow = ok | (need & ~conf)
         else:
-            allow = ok | need
-        n = allow.shape[0]
-        words[:n] &= allow
+            conf = _NO_CONFLICTS.get(ok.shape[0])
+            if conf is None:
+                conf = _NO_CONFLICTS[ok.shape[0]] = np.zeros(ok.shape[0], np.uint32)
+        _and_allowed(words, ok, need, conf)
 
     def _lazy_filter(self, words: np.ndarray, key: tuple, ids: np.ndarray) -> None:
         """The verdicts of only the signatures of the tokens the grammar allows (a small mask on
@@ -676,7 +698,10 @@ class CanonicalState:
             s = int(ct.sig_of[t])
             if s < 0:
                 return False
-            v = int(ct.sig_verdicts((region, junc), (s,))[s])   # this signature only (lookahead: many regions)
+            sv = ct._sig_verdicts.get((region, junc))
+            v = -1 if sv is None else int(sv[s])
+            if v < 0:
+                v = int(ct.sig_verdicts((region, junc), (s,))[s])   # this signature only (lookahead: many regions)
         if v == OK:
             return True
         if v == NEED_PAIR:
