@@ -34,10 +34,10 @@ import unicodedata
 from collections import OrderedDict
 
 import numpy as np
-from numba import njit
 
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
+from .canonical_split import and_allowed as _and_allowed
 from .canonical_spec import CanonicalSpec, canonical_spec
 
 OK, NEED_PAIR, REJECT = 0, 1, 2
@@ -497,13 +497,6 @@ class CanonicalTokenizer:
 _NO_CONFLICTS: dict = {}
 
 
-@njit(nogil=True, cache=True)
-def _and_allowed(words, ok, need, conf):
-    """``words &= ok | (need & ~conf)`` in one pass (no temporaries)."""
-    for i in range(ok.shape[0]):
-        words[i] &= ok[i] | (need[i] & ~conf[i])
-
-
 def _ids_of(words: np.ndarray, limit: int):
     """Ids of the set bits of ``words``, or None when more than ``limit`` words are non-zero
     (cheap on a wide mask: only the non-zero words are expanded)."""
@@ -859,7 +852,10 @@ class CanonicalState:
             self._budget -= 1
             inner = np.zeros(n_words, np.uint32)
             matcher.fill_words(inner)
-            cand = np.nonzero(np.unpackbits(inner.view(np.uint8), bitorder="little"))[0]
+            # the ids only when few words are set (more words than the limit: more tokens too)
+            cand = _ids_of(inner, self.lookahead_limit)
+            if cand is None:
+                return True
             if len(cand) == 0:
                 return False
             if depth <= 1 or self._budget <= 0 or len(cand) > self.lookahead_limit:

@@ -454,6 +454,14 @@ def probe_bounds(region, probes, probe_len, out, alt_lo, alt_hi, first, kind, ma
 
 
 @njit(nogil=True, cache=True)
+def and_allowed(words, ok, need, conf):
+    """``words &= ok | (need & ~conf)`` in one pass, no temporaries (the canonical mask update of
+    ``CanonicalState.allowed_words``)."""
+    for i in range(ok.shape[0]):
+        words[i] &= ok[i] | (need[i] & ~conf[i])
+
+
+@njit(nogil=True, cache=True)
 def _consistent(bs, below_r, jbits, bad):
     return (bs & below_r & ~jbits) == 0 and (bad & ~bs) == 0
 
