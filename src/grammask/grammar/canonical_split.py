@@ -8,7 +8,8 @@ This module compiles such a regex into a small backtracking program over that al
 character class becomes a 16-bit set, computed with the ``regex`` module itself on each character
 of ``SIGMA``) and runs :meth:`CanonicalTokenizer.judge <grammask.grammar.canonical.CanonicalTokenizer.judge>`
 for every signature of a region in one Numba call, instead of one Python ``regex`` call per
-(candidate, probe): a region's verdicts go from ~20-100 ms to well under a millisecond.
+(candidate, probe). Llama-3, the 169 regions met on the MaskBench 1-in-200 sample: 3.3 s in
+Python, 0.5 s compiled (about 3 ms a region, 976 signatures, on a loaded 2-core machine).
 
 Supported regex subset (the split patterns of GPT-2, Llama-3, Qwen2.5, cl100k/o200k-like ones):
 a top-level alternation of sequences of: character classes / escapes (``[...]``, ``\\p{L}``,
