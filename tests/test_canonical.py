@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
 from grammask.errors import CanonicalTokenizationError
-from grammask.grammar.canonical import CanonicalTokenizer, canonical_tokenizer, rep_of
+from grammask.grammar.canonical import PROBES, CanonicalTokenizer, canonical_tokenizer, rep_of
 from grammask.grammar.canonical_bpe import BpeCanon
 from grammask.grammar.canonical_spec import canonical_spec
 from grammask.grammar.vocab import bytes_to_unicode
@@ -300,6 +300,123 @@ def test_real_tokenizer_walks_are_canonical_and_documents_pass(which, name):
     assert bad == 0 and done >= 3, (done, bad, dead)
 
 
+# ---------------------------------------------------------------------------------------------- compiled judge
+# Split regexes (Llama-3, Qwen, GPT-2): canonical_split runs them as a compiled program over the
+# representative alphabet; it must find the regex module's boundaries and the Python judge's verdicts.
+SPLIT_PATTERNS = {
+    "llama3": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+              r"\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|"
+            r"\s+(?!\S)|\s+",
+    "gpt2": r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+",
+}
+
+
+def _check_split_program(name, max_len, n_random):
+    import itertools
+
+    import regex
+
+    from grammask.grammar.canonical_split import SIGMA, boundaries_bits, compile_split
+
+    pat = SPLIT_PATTERNS[name]
+    prog = compile_split(pat)
+    assert prog is not None
+    rx = regex.compile(pat)
+
+    def ref(s):
+        out = set()
+        for m in rx.finditer(s):
+            out |= {m.start(), m.end()}
+        out.discard(0)
+        return sum(1 << p for p in out)
+
+    strings = ["".join(t) for k in range(1, max_len + 1) for t in itertools.product(SIGMA, repeat=k)]
+    rng = random.Random(7)
+    strings += ["".join(rng.choice(SIGMA) for _ in range(rng.randint(max_len + 1, 40))) for _ in range(n_random)]
+    bad = [s for s in strings if boundaries_bits(prog, s) != ref(s)]
+    assert not bad, bad[:5]
+
+
+@pytest.mark.parametrize("name", list(SPLIT_PATTERNS))
+def test_compiled_split_program_finds_the_regex_boundaries(name):
+    _check_split_program(name, 3, 3000)     # every string of the 16 representative characters up to 3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(SPLIT_PATTERNS))
+def test_compiled_split_program_on_every_string_up_to_5(name):
+    _check_split_program(name, 5, 200_000)
+
+
+def test_split_patterns_outside_the_subset_are_left_to_python():
+    from grammask.grammar.canonical_split import compile_split
+
+    for pat in (r"(?<=a)b|\s+", r"a+?|b", r"\bx+|\s+", r"a*|b", r"(a(b))|c", r"^x|y", r"a++|b"):
+        assert compile_split(pat) is None, pat
+
+
+@pytest.fixture(scope="module")
+def small_split():
+    """The small BPE behind a Llama-3 Split pre-tokenizer (the compiled judge's path)."""
+    cfg = json.loads(bytelevel_tokenizer().to_str())
+    cfg["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": SPLIT_PATTERNS["llama3"]}, "behavior": "Isolated", "invert": False},
+        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False}]}
+    tok = Tokenizer.from_str(json.dumps(cfg))
+    info = TokenizerInfo.from_huggingface(tok, disk_cache=False)
+    assert canonical_tokenizer(info)._prog is not None
+    return info, tok, (lambda s: tok.encode(s, add_special_tokens=False).ids)
+
+
+def test_compiled_verdicts_equal_the_python_judge(small_split):
+    from grammask.grammar.canonical_split import SIGMA
+
+    info = small_split[0]
+    ct = CanonicalTokenizer.from_info(info)
+    rng = random.Random(3)
+    keys = [("", ()), ("x", ()), (" ", ()), ("xxx", ()), (" xx", ()), ("...", ()), ("11", ()), ("\n ", ()),
+            ("'", ()), ("x'", ((1, True),)), ("  ", ((1, False),)), ("x.", ((1, True),))]
+    for _ in range(80):
+        n = rng.randint(1, 9)
+        r = "".join(rng.choice(SIGMA) for _ in range(n))
+        js = sorted(rng.sample(range(1, n), rng.randint(0, min(3, n - 1)))) if n > 1 else []
+        keys.append((r, tuple((p, rng.random() < 0.7) for p in js)))
+    py_bounds = CanonicalTokenizer._boundaries
+    for key in keys:
+        region, junc = key
+        got = ct.sig_verdicts(key).tolist()
+        want = [ct.judge(region, junc, ct.sig_rep[s], ct.sig_tail[s]) for s in range(ct.n_signatures)]
+        assert got == want, key
+        # the probes' boundaries (cut_index) and single strings (boundaries) agree with the regex
+        bits = ct._probe_bits(region)
+        prog, ct._prog = ct._prog, None
+        try:
+            for f, b in zip(PROBES, bits):
+                want_b = py_bounds(ct, region + f)
+                assert {p for p in range(b.bit_length()) if b >> p & 1} == want_b, (region, f)
+        finally:
+            ct._prog = prog
+    assert sum(ct.sig_verdicts(k).tolist().count(1) for k in keys) > 50   # both verdicts seen
+
+
+@pytest.mark.parametrize("name", ["regex", "ebnf", "schema", "json"])
+def test_split_bpe_walks_are_canonical_and_documents_pass(small_split, name):
+    info, tok, encode = small_split
+    ct = canonical_tokenizer(info)
+    kind, src = GRAMMARS[name]
+    compiled = _compile(GrammarCompiler(info), kind, src)
+    if kind != "json":
+        _accepts_canonical(info, compiled, encode, ct, _documents(kind, random.Random(1), 15))
+    done, bad, dead = _walks(info, compiled, encode, ct, 25, seed=2)
+    assert bad == 0 and done >= 5, (done, bad, dead)
+
+
+def test_each_step_matches_the_oracle_with_a_split_pre_tokenizer(small_split, monkeypatch):
+    _each_step(small_split[0], small_split[2], monkeypatch, per_step=None, walks=4, steps=12, min_checked=3000,
+               min_blocked=100)
+
+
 # ---------------------------------------------------------------------------------------------- the rest
 def test_canonical_false_changes_nothing_and_true_only_removes(small):
     info, _, _ = small
@@ -435,3 +552,116 @@ def _each_step(info, encode, monkeypatch, *, per_step, walks, steps, min_checked
             assert m.accept_token(t) and plain.accept_token(t)
             ids.append(t)
     assert checked > min_checked and blocked > min_blocked, (checked, blocked)
+
+
+# ---------------------------------------------------------------------------------------------- per request (engine)
+# The scripted backend over the small BPE writes its script with greedy longest-match tokens, which
+# for this text are not the BPE's own: a plain mask lets them through, a canonical one does not.
+SCRIPT = "8651 6353  ll"
+SCRIPT_RF = {"type": "regex", "pattern": "[0-9a-z ]{1,16}"}
+
+
+def _bpe_backend(small, text=SCRIPT):
+    from grammask.pipeline.scripted import ScriptedBackend
+
+    info, _, encode = small
+    b = ScriptedBackend(text, tokenizer_info=info)
+    assert b.encode(text) != encode(text)      # the script is not canonical
+    return b
+
+
+async def _ids_of(eng, small, stream=False, **kw):
+    """(text, generated ids read back from logprobs, finish_reason) of one request."""
+    info = small[0]
+    by = {b: i for i, b in enumerate(info.token_bytes) if b}
+    r = await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                          logprobs=True, stream=stream, **kw)
+    if not stream:
+        c = r.choices[0]
+        return c.message.content, [by[bytes(lp.bytes)] for lp in c.logprobs.content], c.finish_reason
+    text, ids, reason = "", [], None
+    async for ch in r:
+        for c in ch.choices:
+            text += c.delta.content or ""
+            ids += [by[bytes(lp.bytes)] for lp in (c.logprobs.content if c.logprobs else [])]
+            reason = c.finish_reason or reason
+    return text, ids, reason
+
+
+async def test_request_canonical_overrides_the_engine_default(small):
+    from grammask.pipeline import AsyncEngine
+
+    info, _, encode = small
+    for engine_default in (False, True):
+        eng = await AsyncEngine.create(_bpe_backend(small), canonical=engine_default)
+        for stream in (False, True):
+            for where in ("request", "response_format"):
+                for want in (None, True, False):
+                    kw = {"response_format": dict(SCRIPT_RF)}
+                    if want is not None:
+                        if where == "request":
+                            kw["canonical"] = want
+                        else:
+                            kw["response_format"]["canonical"] = want
+                    text, ids, reason = await _ids_of(eng, small, stream, **kw)
+                    canonical = engine_default if want is None else want
+                    assert reason == "stop"
+                    assert info.decode(ids).decode() == text
+                    if canonical:      # decode -> re-encode gives the same ids
+                        assert encode(text) == ids, (engine_default, want, where, text)
+                    else:              # plain: the script's own (non-canonical) tokens
+                        assert text == SCRIPT and encode(text) != ids, (engine_default, want, where, text)
+        assert eng.grammar_cache.misses == 1     # one compiled grammar for both kinds of matcher
+        await eng.aclose()
+
+
+async def test_concurrent_canonical_and_plain_requests_on_one_grammar(small):
+    import anyio
+
+    from grammask.pipeline import AsyncEngine
+
+    info, _, encode = small
+    eng = await AsyncEngine.create(_bpe_backend(small), max_batch=8)
+    out: dict = {}
+
+    async def one(k, canonical):
+        out[k] = await _ids_of(eng, small, stream=k % 3 == 0, response_format=SCRIPT_RF, canonical=canonical)
+
+    async with anyio.create_task_group() as tg:
+        for k in range(8):
+            tg.start_soon(one, k, k % 2 == 0)
+    for k, (text, ids, reason) in out.items():
+        assert reason == "stop"
+        if k % 2 == 0:
+            assert encode(text) == ids, (k, text)
+        else:
+            assert text == SCRIPT and encode(text) != ids, (k, text)
+    assert eng.grammar_cache.misses == 1
+    await eng.aclose()
+
+
+async def test_request_canonical_on_an_unsupported_tokenizer_is_a_typed_error():
+    from grammask.errors import InvalidRequestError
+    from grammask.pipeline import AsyncEngine
+    from grammask.pipeline.scripted import ScriptedBackend
+
+    b = ScriptedBackend("abc")
+    eng = await AsyncEngine.create(b)
+    for kw in ({"canonical": True}, {"response_format": {"type": "regex", "pattern": "[a-c]+", "canonical": True}}):
+        kw.setdefault("response_format", {"type": "regex", "pattern": "[a-c]+"})
+        for _ in range(2):   # the reason is remembered, the error raised again
+            with pytest.raises(CanonicalTokenizationError, match="keeps no tokenizer"):
+                await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], **kw)
+    # nothing ran: no sequence taken, no request left, the engine still serves
+    assert not b.live and not eng.active_requests and not b.calls
+    r = await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                          response_format={"type": "regex", "pattern": "[a-c]+"}, canonical=False)
+    assert r.choices[0].message.content == "abc"
+    # unconstrained text: canonical has nothing to mask, and is accepted
+    r = await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0, canonical=True)
+    assert r.choices[0].message.content == "abc"
+    for bad in ("yes", 1, "true", {}):
+        with pytest.raises(InvalidRequestError) as ei:
+            await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], canonical=bad)
+        assert ei.value.param == "canonical"
+    await eng.aclose()

@@ -59,6 +59,13 @@ MSG = [{"role": "user", "content": "hi"}]
     (dict(messages=MSG, ignore_eos=True, response_format={"type": "json_object"}), "ignore_eos"),
     (dict(messages=MSG, max_tokens=3, max_completion_tokens=4), "max_completion_tokens"),
     (dict(messages=MSG, bogus=1), "bogus"),
+    (dict(messages=MSG, canonical="yes"), "canonical"),
+    (dict(messages=MSG, canonical=1), "canonical"),
+    (dict(messages=MSG, canonical="true"), "canonical"),
+    (dict(messages=MSG, response_format={"type": "regex", "pattern": "a", "canonical": "true"}),
+     "response_format.canonical"),
+    (dict(messages=MSG, response_format={"type": "text", "canonical": True}), "response_format.canonical"),
+    (dict(messages=MSG, canonical=True, response_format={"type": "json_object", "canonical": False}), "canonical"),
 ])
 def test_invalid_requests_raise_typed_errors(kw, param):
     with pytest.raises(InvalidRequestError) as ei:
@@ -81,6 +88,24 @@ def test_valid_requests():
     # content parts
     r = parse_request(messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}])
     assert r.messages[0].text() == "ab"
+
+
+def test_canonical_in_the_request_or_its_response_format():
+    assert parse_request(messages=MSG).canonical_requested is None
+    assert parse_request(messages=MSG, canonical=False).canonical_requested is False
+    for rf in ({"type": "json_object"}, {"type": "regex", "pattern": "a"}, {"type": "grammar", "grammar": 'root ::= "a"'},
+               {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
+               {"type": "structural_tag", "structures": [{"begin": "<a>", "schema": {}}], "triggers": ["<a"]}):
+        r = parse_request(messages=MSG, response_format={**rf, "canonical": True})
+        assert r.canonical_requested is True and r.canonical is None
+        assert parse_request(messages=MSG, canonical=True, response_format={**rf, "canonical": True}).canonical_requested
+        # the grammar (its cache key) does not depend on canonical: only the matcher does
+        assert grammar_spec(r) == grammar_spec(parse_request(messages=MSG, response_format=rf))
+    r = parse_request(messages=MSG, response_format={"type": "regex", "pattern": "a", "canonical": True})
+    assert parse_request(r, temperature=0).canonical_requested is True
+    with pytest.raises(InvalidRequestError, match="disagree"):
+        parse_request(messages=MSG, canonical=False, response_format={"type": "regex", "pattern": "a",
+                                                                      "canonical": True})
 
 
 def test_invalid_schema_is_typed():

@@ -192,6 +192,79 @@ def test_invalid_requests(url):
     assert r.status_code == 405 and "error" in r.json()
 
 
+def test_canonical_option_errors_are_400(app, url):
+    c = client(url)
+    rf = {"type": "regex", "pattern": "[a-z ]+"}
+    for stream in (False, True):
+        # not a bool (no coercion of "true" or 1)
+        for bad in ("true", 1, "yes", [True]):
+            with pytest.raises(openai.BadRequestError) as ei:
+                c.chat.completions.create(model="m", messages=user("hi"), response_format=rf, stream=stream,
+                                          extra_body={"canonical": bad})
+            assert ei.value.body["param"] == "canonical" and ei.value.body["type"] == "invalid_request_error"
+        with pytest.raises(openai.BadRequestError) as ei:
+            c.chat.completions.create(model="m", messages=user("hi"), stream=stream,
+                                      response_format={**rf, "canonical": "1"})
+        assert ei.value.body["param"] == "response_format.canonical"
+        with pytest.raises(openai.BadRequestError) as ei:   # the two places disagree
+            c.chat.completions.create(model="m", messages=user("hi"), stream=stream,
+                                      response_format={**rf, "canonical": True}, extra_body={"canonical": False})
+        assert ei.value.body["param"] == "canonical" and "disagree" in ei.value.body["message"]
+        # the scripted vocabulary is no BPE: canonical=True is refused with the reason, never free text
+        for kw, param in (({"extra_body": {"canonical": True}}, "canonical"),
+                          ({"response_format": {**rf, "canonical": True}}, "response_format.canonical")):
+            kw = {"response_format": rf, **kw}
+            with pytest.raises(openai.BadRequestError) as ei:
+                c.chat.completions.create(model="m", messages=user("REPLY: hello"), stream=stream, **kw)
+            err = ei.value.body
+            assert err["type"] == "invalid_request_error" and err["code"] == "canonical_unsupported"
+            assert err["param"] == param and "keeps no tokenizer" in err["message"]
+    r = c.chat.completions.create(model="m", messages=user("REPLY: hello"), temperature=0, response_format=rf,
+                                  extra_body={"canonical": False})
+    assert r.choices[0].message.content == "hello"
+    assert wait_until(lambda: not app.state.grammask.engine.active_requests and app.state.grammask.slots.active == 0)
+
+
+def test_canonical_per_request_over_http():
+    """A byte-level BPE vocabulary under the scripted model (greedy longest-match: not the BPE's
+    own tokens): ``canonical`` per request gives canonical token sequences, plain does not."""
+    from small_tokenizers import bytelevel_tokenizer
+
+    from grammask import TokenizerInfo
+
+    tok = bytelevel_tokenizer()
+    info = TokenizerInfo.from_huggingface(tok, disk_cache=False)
+    by = {b: i for i, b in enumerate(info.token_bytes) if b}
+    script = "8651 6353  ll"
+    # the roles are text here ("[assistant]" after the prompt): the reply is the rest of its line
+    app = create_app(model=ScriptedBackend(lambda p: reply(p).split("\n")[0], tokenizer_info=info),
+                     max_concurrency=4)
+    with serve_in_thread(app) as u:
+        c = client(u)
+        for canonical in (True, False, None):
+            for stream in (False, True):
+                kw = dict(model="m", messages=user("REPLY: " + script), temperature=0, logprobs=True,
+                          response_format={"type": "regex", "pattern": "[0-9a-z ]{1,16}"})
+                if canonical is not None:
+                    kw["extra_body"] = {"canonical": canonical}
+                if stream:
+                    text, ids = "", []
+                    for ch in c.chat.completions.create(stream=True, **kw):
+                        for ci in ch.choices:
+                            text += ci.delta.content or ""
+                            ids += [by[bytes(lp.bytes)] for lp in (ci.logprobs.content or [] if ci.logprobs else [])]
+                else:
+                    r = c.chat.completions.create(**kw)
+                    text = r.choices[0].message.content
+                    ids = [by[bytes(lp.bytes)] for lp in r.choices[0].logprobs.content]
+                assert info.decode(ids).decode() == text
+                same = tok.encode(text, add_special_tokens=False).ids == ids
+                if canonical:
+                    assert same, text
+                else:
+                    assert text == script and not same
+
+
 async def test_16_concurrent_requests_with_different_schemas(app, url):
     c = openai.AsyncOpenAI(base_url=url + "/v1", api_key="none", max_retries=0, timeout=120)
     names = ["Alice", "Bob", "Paris", "hello", "world", "the", "yes", "no"]

@@ -25,7 +25,9 @@ Errors are shaped like OpenAI's: ``{"error": {"message", "type", "param", "code"
 - 400 ``invalid_request_error`` for a malformed request (``param`` names the field), a bad
   ``response_format``, grammar, regex or JSON Schema (``code`` ``invalid_schema`` /
   ``unsupported_schema`` / ``invalid_grammar``; the message names the JSON pointer of the bad
-  keyword, e.g. ``(at #/properties/age/type)``). Grammars are compiled before the response
+  keyword, e.g. ``(at #/properties/age/type)``), and ``code`` ``canonical_unsupported`` when
+  ``canonical`` (or ``response_format.canonical``) asks for canonical tokenization on a tokenizer
+  class it does not cover (the message names the reason). Grammars are compiled before the response
   starts, so a request whose format cannot be enforced never gets a 200 with free text;
 - 400 ``invalid_request_error`` / ``schema_too_large`` when the request's constraints (the
   ``response_format`` schema, grammar or pattern, the tools' parameter schemas, the structural
@@ -78,6 +80,7 @@ from typing import Any
 import anyio
 
 from ..errors import (
+    CanonicalTokenizationError,
     EngineClosedError,
     GenerationError,
     GrammarError,
@@ -137,6 +140,17 @@ def _schema_param(req: Any) -> str | None:
     return "response_format"
 
 
+def _canonical_param(req: Any) -> str | None:
+    """The request field that asked for canonical tokenization (None: the engine's default)."""
+    if req is None:
+        return None
+    if getattr(req, "canonical", None) is not None:
+        return "canonical"
+    if getattr(getattr(req, "response_format", None), "canonical", None) is not None:
+        return "response_format.canonical"
+    return None
+
+
 def error_for_exception(exc: BaseException, req: Any = None) -> tuple[int, dict]:
     """``(HTTP status, OpenAI error body)`` for an exception raised while serving ``req``."""
     if isinstance(exc, QueueFullError):
@@ -144,6 +158,8 @@ def error_for_exception(exc: BaseException, req: Any = None) -> tuple[int, dict]
     if isinstance(exc, InvalidRequestError):
         code = "schema_too_large" if isinstance(exc, SchemaTooLargeError) else "invalid_request"
         return 400, error_body(str(exc), "invalid_request_error", exc.param, code)
+    if isinstance(exc, CanonicalTokenizationError):
+        return 400, error_body(str(exc), "invalid_request_error", _canonical_param(req), "canonical_unsupported")
     if isinstance(exc, UnsupportedSchemaError):
         return 400, error_body(str(exc), "invalid_request_error", _schema_param(req), "unsupported_schema")
     if isinstance(exc, InvalidSchemaError):

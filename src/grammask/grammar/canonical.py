@@ -37,6 +37,7 @@ import numpy as np
 
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
+from .canonical_split import and_allowed as _and_allowed
 from .canonical_spec import CanonicalSpec, canonical_spec
 
 OK, NEED_PAIR, REJECT = 0, 1, 2
@@ -133,11 +134,17 @@ class CanonicalTokenizer:
         self._sig_verdicts: dict = {}   # region key -> verdict per signature
         self._cuts: dict = {}           # region key -> index of the junction to cut at (-1: none)
         self._conflicts: OrderedDict = OrderedDict()
+        self._regions: dict = {}        # (tokens, pair bits, pending) -> (region key, junction tokens)
         self.max_cached_regions = 4096
         #: a mask of at most this many tokens on a region not seen before is judged token by token
         self.lazy_limit = 4096
         self.max_cached_conflicts = 2048
         self.stats = {"region_misses": 0, "region_hits": 0, "conflict_misses": 0, "conflict_hits": 0}
+        # a split regex in the supported subset: a region's verdicts in one compiled call
+        # (canonical_split); None: judged in Python, one pre-tokenizer call per (candidate, probe)
+        self._prog = None
+        if self._split is not None:
+            self._compile_judge(spec.split_pattern)
 
     # -------------------------------------------------------------- build
     @classmethod
@@ -190,6 +197,56 @@ class CanonicalTokenizer:
         plain = sig_of >= 0
         self._plain_ids = np.nonzero(plain)[0]
 
+    def _compile_judge(self, pattern: str) -> None:
+        from . import canonical_split as cs
+
+        prog = cs.compile_split(pattern)
+        if prog is None:
+            return
+        width = max([len(r) for r in self.sig_rep] + [1])
+        cand = np.zeros((self.n_signatures, width), np.int8)
+        clen = np.zeros(self.n_signatures, np.int64)
+        for i, r in enumerate(self.sig_rep):
+            cand[i, : len(r)] = cs.encode(r)
+            clen[i] = len(r)
+        pw = max(len(f) for f in PROBES)
+        probes = np.zeros((len(PROBES), max(pw, 1)), np.int8)
+        plen = np.zeros(len(PROBES), np.int64)
+        for i, f in enumerate(PROBES):
+            probes[i, : len(f)] = cs.encode(f)
+            plen[i] = len(f)
+        assert PROBES[0] == ""   # judge_all skips probe 0 (end of text) for candidates ending mid-character
+        self._prog = prog
+        self._judge_args = (cand, clen, np.array(self.sig_tail, np.bool_), probes, plen)
+        # load (or, the first time on a machine, compile: seconds, then cached on disk) the kernels
+        # now, not in a request's first mask; the empty region's verdicts come with it
+        self.sig_verdicts(("", ()))
+        self._probe_bits("x")
+        self._boundaries("x")
+
+    def _judge_compiled(self, region: str, junctions: tuple, todo: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Verdicts of the signatures ``todo`` after ``region`` in one compiled call (into ``v``);
+        returns those it left to the Python judge (strings too long for its bit sets)."""
+        from . import canonical_split as cs
+
+        try:
+            codes = cs.encode(region)
+        except KeyError:        # not a representative string: the Python judge
+            return todo
+        jbits = bad = 0
+        for p, ok in junctions:
+            if p >= 63:
+                return todo
+            jbits |= 1 << p
+            if not ok:
+                bad |= 1 << p
+        out = np.full(self.n_signatures, -1, np.int8)
+        cand, clen, ctail, probes, plen = self._judge_args
+        cs.judge_all(codes, np.int64(jbits), np.int64(bad), todo, cand, clen, ctail, probes, plen, out, *self._prog)
+        got = out[todo]
+        v[todo] = got
+        return todo[got < 0]
+
     # -------------------------------------------------------------- pre-tokenizer on representatives
     def boundaries(self, s: str) -> frozenset:
         """Pre-token boundaries of a representative string (positions, 0 excluded), memoised."""
@@ -206,6 +263,15 @@ class CanonicalTokenizer:
             return set()
         if self.pre is None:
             return set()
+        if self._prog is not None:
+            from .canonical_split import boundaries_bits
+
+            try:
+                bits = boundaries_bits(self._prog, s)
+            except KeyError:    # not a representative string (or too long): the regex
+                pass
+            else:
+                return {p for p in range(bits.bit_length()) if (bits >> p) & 1}
         if self._split is not None:
             out = set()
             for m in self._split.finditer(s):
@@ -358,7 +424,10 @@ class CanonicalTokenizer:
             v = self._sig_verdicts[key] = np.full(self.n_signatures, -1, np.int8)
         region, junctions = key
         todo = np.arange(self.n_signatures) if sigs is None else np.asarray(sigs, np.int64)
-        for s in todo[v[todo] < 0].tolist():
+        todo = todo[v[todo] < 0]
+        if self._prog is not None and len(todo):
+            todo = self._judge_compiled(region, junctions, todo, v)
+        for s in todo.tolist():
             v[s] = self.judge(region, junctions, self.sig_rep[s], self.sig_tail[s])
         return v
 
@@ -368,17 +437,46 @@ class CanonicalTokenizer:
         c = self._cuts.get(key)
         if c is None:
             region, junc = key
-            sets = [{p for p in self.boundaries(region + f) if p <= len(region)} for f in PROBES]
-            c = -1
-            for i, (p, _) in enumerate(junc):
-                if all(p in x for x in sets):
-                    before = [{q for q in x if q <= p} for x in sets]
-                    if all(x == before[0] for x in before):
-                        c = i
+            bits = self._probe_bits(region)
+            if bits is not None:    # the same test on bit sets
+                within = (1 << (len(region) + 1)) - 1
+                bits = [b & within for b in bits]
+                c = -1
+                for i, (p, _) in enumerate(junc):
+                    if all((b >> p) & 1 for b in bits):
+                        upto = (1 << (p + 1)) - 1
+                        if all(b & upto == bits[0] & upto for b in bits):
+                            c = i
+            else:
+                sets = [{p for p in self.boundaries(region + f) if p <= len(region)} for f in PROBES]
+                c = -1
+                for i, (p, _) in enumerate(junc):
+                    if all(p in x for x in sets):
+                        before = [{q for q in x if q <= p} for x in sets]
+                        if all(x == before[0] for x in before):
+                            c = i
             if len(self._cuts) > 100_000:
                 self._cuts.clear()
             self._cuts[key] = c
         return c
+
+    def _probe_bits(self, region: str):
+        """Boundaries of ``region + f`` for every probe ``f`` as ints of bits (one compiled call),
+        or None where the compiled program cannot take the region."""
+        if self._prog is None:
+            return None
+        from . import canonical_split as cs
+
+        try:
+            codes = cs.encode(region)
+        except KeyError:
+            return None
+        if len(codes) + 2 > cs.MAX_LEN:
+            return None
+        _, _, _, probes, plen = self._judge_args
+        out = np.zeros(len(PROBES), np.int64)
+        cs.probe_bounds(codes, probes, plen, out, *self._prog)
+        return [int(b) for b in out]
 
     def conflict_words(self, a: int) -> np.ndarray:
         with self._lock:
@@ -394,6 +492,9 @@ class CanonicalTokenizer:
             while len(self._conflicts) > self.max_cached_conflicts:
                 self._conflicts.popitem(last=False)
         return w
+
+
+_NO_CONFLICTS: dict = {}
 
 
 def _ids_of(words: np.ndarray, limit: int):
@@ -452,6 +553,13 @@ class CanonicalState:
         to the token it starts in; a junction inside a character is not a junction (no boundary
         can fall there; its pair bit was required when the token was accepted)."""
         if self._key is None:
+            # a pure function of (tokens, pair bits, pending bytes): memoised per tokenizer
+            memo = self.ct._regions
+            mk = (self.tokens, self.pair_ok, self.pending)
+            hit = memo.get(mk)
+            if hit is not None:
+                self._key, self._jtok = hit
+                return self._key
             tb = self.ct.info.token_bytes
             text = b"".join(tb[t] for t in self.tokens)
             if self.pending:
@@ -495,6 +603,9 @@ class CanonicalState:
                 rep += rep_of(txt)
             self._key = (rep, tuple(junc))
             self._jtok = jtok
+            if len(memo) > 100_000:
+                memo.clear()
+            memo[mk] = (self._key, jtok)
         return self._key
 
     def allowed_words(self, words: np.ndarray) -> None:
@@ -514,11 +625,11 @@ class CanonicalState:
         ok, need = hit
         if self.last >= 0 and self.tokens:
             conf = ct.conflict_words(self.last)
-            allow = ok | (need & ~conf)
         else:
-            allow = ok | need
-        n = allow.shape[0]
-        words[:n] &= allow
+            conf = _NO_CONFLICTS.get(ok.shape[0])
+            if conf is None:
+                conf = _NO_CONFLICTS[ok.shape[0]] = np.zeros(ok.shape[0], np.uint32)
+        _and_allowed(words, ok, need, conf)
 
     def _lazy_filter(self, words: np.ndarray, key: tuple, ids: np.ndarray) -> None:
         """The verdicts of only the signatures of the tokens the grammar allows (a small mask on
@@ -580,7 +691,10 @@ class CanonicalState:
             s = int(ct.sig_of[t])
             if s < 0:
                 return False
-            v = int(ct.sig_verdicts((region, junc))[s])
+            sv = ct._sig_verdicts.get((region, junc))
+            v = -1 if sv is None else int(sv[s])
+            if v < 0:
+                v = int(ct.sig_verdicts((region, junc), (s,))[s])   # this signature only (lookahead: many regions)
         if v == OK:
             return True
         if v == NEED_PAIR:
@@ -644,8 +758,11 @@ class CanonicalState:
         if getattr(self, "_in_lookahead", False) or not self.lookahead:
             return
         # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
-        # then every candidate starts with them: a wide mask has none (skip the forced-text call)
-        forced = matcher.find_jump_forward_bytes(256) if _ids_of(words, 512) is not None else b""
+        # then every candidate starts with them: a wide mask has none (skip the forced-text call);
+        # a mask over more than 512 words has neither that nor a candidate list to search
+        if np.count_nonzero(words) > 512:
+            return
+        forced = matcher.find_jump_forward_bytes(256)
         checked = set()
         if forced:
             ct = self.ct
@@ -735,7 +852,10 @@ class CanonicalState:
             self._budget -= 1
             inner = np.zeros(n_words, np.uint32)
             matcher.fill_words(inner)
-            cand = np.nonzero(np.unpackbits(inner.view(np.uint8), bitorder="little"))[0]
+            # the ids only when few words are set (more words than the limit: more tokens too)
+            cand = _ids_of(inner, self.lookahead_limit)
+            if cand is None:
+                return True
             if len(cand) == 0:
                 return False
             if depth <= 1 or self._budget <= 0 or len(cand) > self.lookahead_limit:

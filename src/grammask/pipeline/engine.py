@@ -30,6 +30,9 @@ How a request runs
    ``logit_bias``, penalties, temperature/top-p/top-k, seeded sampling, ``accept_token`` (a
    rejected token ends the request with :class:`GenerationError`, never unconstrained output),
    stop tokens/strings, length, and fast-forward (canonical forced tokens fed in the next forward).
+   A request's ``canonical`` (or ``response_format.canonical``; default: the engine's) chooses a
+   canonical-tokenization matcher for it; the compiled grammar is the same either way (one cache
+   entry), only the per-request matcher differs.
    Steps are shielded from cancellation, so a cancelled caller never leaves a half-done step.
 4. ``interrupt``, closing a stream, or cancelling ``create`` ends the request at once
    (``finish_reason="abort"``); its sequences are released when no step is running.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import threading
 import time
 import uuid
 from collections import deque
@@ -52,6 +56,7 @@ import numpy as np
 import torch
 
 from ..errors import (
+    CanonicalTokenizationError,
     EngineClosedError,
     GenerationError,
     GrammarError,
@@ -147,6 +152,8 @@ class _Request:
     forward_s: float = 0.0
     mask_s: float = 0.0
     usage_sent: bool = False
+    #: canonical-tokenization matchers (the request's ``canonical``, else the engine's default)
+    canonical: bool = False
 
     @property
     def done(self) -> bool:
@@ -184,11 +191,13 @@ class AsyncEngine:
         self.json_whitespace = json_whitespace
         # canonical=True: every request's matcher allows only canonical token sequences (README,
         # "Canonical tokenization"); raises CanonicalTokenizationError here for a tokenizer it cannot cover
+        # a request's ``canonical`` overrides it (checked when the request arrives: _check_canonical)
+        self._canonical_lock = threading.Lock()
+        self._canonical_error: BaseException | None = None
+        self._canonical_ready = False
         self.canonical = bool(canonical)
         if self.canonical:
-            from ..grammar.canonical import canonical_tokenizer
-
-            canonical_tokenizer(self.tokenizer_info)
+            self._check_canonical()
         self.trace: deque | None = deque(maxlen=100_000) if trace else None
         self._eos = frozenset(int(t) for t in backend.eos_token_ids)
         nv = self.tokenizer_info.vocab_size
@@ -352,10 +361,37 @@ class AsyncEngine:
         """The request validated and the grammar it asks for (in a worker thread: see _arrive)."""
         req = parse_request(request, **kwargs)
         try:
-            return req, grammar_spec(req, whitespace=self.json_whitespace)
+            spec = grammar_spec(req, whitespace=self.json_whitespace)
         except RecursionError:  # a schema nested deeper than its checks (or canonical form) can recurse
             raise GrammarTooComplexError("the response format's schema is nested too deeply to check and "
                                          "compile") from None
+        if spec is not None and self._wants_canonical(req):
+            self._check_canonical()   # CanonicalTokenizationError before anything is queued
+        return req, spec
+
+    def _wants_canonical(self, req: ChatCompletionRequest) -> bool:
+        c = req.canonical_requested
+        return self.canonical if c is None else bool(c)
+
+    def _check_canonical(self) -> None:
+        """Build this tokenizer's canonical side once (the first canonical request, or the engine's
+        ``canonical=True``), or raise the :class:`CanonicalTokenizationError` saying why it cannot
+        be built (remembered: later requests fail at once with the same error)."""
+        if self._canonical_ready:
+            return
+        with self._canonical_lock:
+            if self._canonical_error is None and not self._canonical_ready:
+                from ..grammar.canonical import canonical_tokenizer
+
+                try:
+                    canonical_tokenizer(self.tokenizer_info)
+                except CanonicalTokenizationError as e:
+                    self._canonical_error = e
+                else:
+                    self._canonical_ready = True
+            err = self._canonical_error
+        if err is not None:
+            raise CanonicalTokenizationError(str(err), reason=getattr(err, "reason", None))
 
     async def _arrive(self, request, kwargs):
         """Parse and check a request off the event loop (checking a 1 MiB schema against the JSON
@@ -405,7 +441,8 @@ class AsyncEngine:
         samplers = [Sampler(params, int(self.backend.vocab_size),
                             seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
         ff = self.fast_forward if req.fast_forward is None else req.fast_forward
-        r = _Request(rid, req, spec, prompt, ff, int(time.time()), time.perf_counter())
+        r = _Request(rid, req, spec, prompt, ff, int(time.time()), time.perf_counter(),
+                     canonical=spec is not None and self._wants_canonical(req))
         triggers = [TOOL_TRIGGER] if req.tools_active else []
         for i in range(req.n):
             c = _Choice(i, r, None, samplers[i], TextAssembler(req.stop, triggers), max_new)
@@ -428,7 +465,7 @@ class AsyncEngine:
         def work():
             t0 = time.perf_counter()
             cg, hit = self.compiler.get_or_compile(key, lambda: self._compile_fn(r.spec, self.compiler))
-            matchers = [GrammarMatcher(cg, stop_token_ids=self._matcher_stops, canonical=self.canonical)
+            matchers = [GrammarMatcher(cg, stop_token_ids=self._matcher_stops, canonical=r.canonical)
                         for _ in range(n)]
             return matchers, hit, t0, time.perf_counter()
 
@@ -648,7 +685,7 @@ class AsyncEngine:
                 ff = forced_tokens(m, self.backend.encode, limit=c.max_new - len(c.generated))
                 for i, t in enumerate(ff):
                     if not m.accept_token(t):
-                        if self.canonical:   # not canonical after what came before: sample the rest
+                        if r.canonical:   # not canonical after what came before: sample the rest
                             ff = ff[:i]
                             break
                         raise GenerationError(f"internal error: the grammar rejected forced token {t}", r.id)

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Annotated, Any, Dict, List, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from ..errors import InvalidRequestError
 
@@ -87,11 +87,18 @@ class TextFormat(_Model):
     type: Literal["text"]
 
 
+#: grammask extension of the grammar-constrained formats: ``"canonical": true`` allows only the
+#: tokenizer's canonical token sequences (README "Canonical tokenization"); None: the request's
+#: top-level ``canonical``, else the engine's default
+_CanonicalOption = Optional[StrictBool]
+
+
 class JsonObjectFormat(_Model):
     """Any JSON object; with ``schema`` (dict or JSON text) one valid against it."""
 
     type: Literal["json_object"]
     schema_: Optional[Any] = Field(default=None, alias="schema")
+    canonical: _CanonicalOption = None
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @field_validator("schema_")
@@ -118,6 +125,7 @@ class JsonSchemaFormat(_Model):
 
     type: Literal["json_schema"]
     json_schema: JsonSchemaSpec
+    canonical: _CanonicalOption = None
 
 
 class GrammarFormat(_Model):
@@ -125,6 +133,7 @@ class GrammarFormat(_Model):
 
     type: Literal["grammar"]
     grammar: str = Field(min_length=1)
+    canonical: _CanonicalOption = None
 
 
 class RegexFormat(_Model):
@@ -132,6 +141,7 @@ class RegexFormat(_Model):
 
     type: Literal["regex"]
     pattern: str = Field(min_length=1)
+    canonical: _CanonicalOption = None
 
 
 class TagStructure(_Model):
@@ -157,6 +167,7 @@ class StructuralTagFormat(_Model):
     type: Literal["structural_tag"]
     structures: List[TagStructure] = Field(min_length=1)
     triggers: List[Annotated[str, Field(min_length=1)]] = Field(min_length=1)
+    canonical: _CanonicalOption = None
 
     @model_validator(mode="before")
     @classmethod
@@ -230,7 +241,8 @@ class StreamOptions(_Model):
 
 
 class ChatCompletionRequest(_Model):
-    """OpenAI's chat completion parameters (plus ``fast_forward``, a grammask extension)."""
+    """OpenAI's chat completion parameters (plus the grammask extensions ``fast_forward``,
+    ``canonical`` and ``ignore_eos``)."""
 
     messages: List[ChatMessage] = Field(min_length=1)
     model: Optional[str] = None
@@ -258,6 +270,9 @@ class ChatCompletionRequest(_Model):
     request_id: Optional[str] = None
     #: grammask: feed grammar-forced tokens in one forward pass (None: the engine's default)
     fast_forward: Optional[bool] = None
+    #: grammask: allow only canonical token sequences under the grammar (None: the engine's default;
+    #: also accepted as ``response_format.canonical``). No effect on unconstrained text.
+    canonical: Optional[StrictBool] = None
     #: grammask: ignore the end-of-text token (generate to max_tokens, text format only)
     ignore_eos: bool = False
 
@@ -306,6 +321,10 @@ class ChatCompletionRequest(_Model):
             if rf is not None and rf.type != "text" and self.tool_choice != "none":
                 raise ValueError("response_format: a response_format other than text cannot be combined with "
                                  "tools (use tool_choice='none', or a structural_tag response_format)")
+        rf_canon = getattr(self.response_format, "canonical", None)
+        if self.canonical is not None and rf_canon is not None and self.canonical != rf_canon:
+            raise ValueError(f"canonical: canonical={str(self.canonical).lower()} and response_format.canonical="
+                             f"{str(rf_canon).lower()} disagree (give one, or the same value in both)")
         if self.ignore_eos and self.response_format is not None and self.response_format.type != "text":
             raise ValueError("ignore_eos: ignore_eos is only allowed with the text response format")
         return self
@@ -313,6 +332,14 @@ class ChatCompletionRequest(_Model):
     @property
     def completion_limit(self) -> Optional[int]:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def canonical_requested(self) -> Optional[bool]:
+        """``canonical`` or ``response_format.canonical`` (they agree when both are given); None:
+        the engine's default."""
+        if self.canonical is not None:
+            return self.canonical
+        return getattr(self.response_format, "canonical", None)
 
     @property
     def tools_active(self) -> bool:

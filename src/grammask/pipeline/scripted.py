@@ -16,6 +16,12 @@ token counts), with optional sleeps (``prefill_delay``, ``forward_delay``) and a
 start of each prefill (``on_prefill``), so tests can observe overlap and batching.
 A prompt may be fed in chunks (chunked prefill): a sequence's prompt ends when its ids equal a
 prompt ``apply_chat_template`` made; the rows of earlier chunks are zeros.
+
+``tokenizer_info=`` puts the same script over another vocabulary (e.g. a small trained byte-level
+BPE, to test canonical tokenization): it must hold every single byte; its special tokens score -10,
+its first stop token is ``<eos>``, roles are written as text (``[user]``). ``encode`` stays greedy
+longest-match, which for a BPE is *not* its canonical tokenization: the script then writes
+non-canonical token sequences unless a canonical mask prevents it.
 """
 from __future__ import annotations
 
@@ -84,12 +90,24 @@ class ScriptedBackend:
                  on_prefill: Callable[[], None] | None = None,
                  on_forward: Callable[[bool], None] | None = None, fallback: str = ".",
                  extra_words: Sequence[str] = (), max_sequences: int | None = None,
-                 max_calls: int | None = None, max_prompts: int = 4096):
+                 max_calls: int | None = None, max_prompts: int = 4096,
+                 tokenizer_info: TokenizerInfo | None = None):
         self.responder = responder if callable(responder) else (lambda _p, r=responder: r)
-        self.tokenizer_info = _tokenizer_info(tuple(extra_words))
+        if tokenizer_info is None:
+            self.tokenizer_info = _tokenizer_info(tuple(extra_words))
+            self._specials = list(range(len(SPECIALS)))
+            self.eos_token_ids = [0]
+            self._role_ids = {"system": [1], "user": [2], "assistant": [3], "tool": [2]}
+        else:
+            if extra_words:
+                raise ValueError("extra_words and tokenizer_info do not go together")
+            self.tokenizer_info = tokenizer_info
+            self._specials = list(tokenizer_info.special_token_ids)
+            self.eos_token_ids = list(tokenizer_info.stop_token_ids[:1])
+            if not self.eos_token_ids:
+                raise ValueError("the scripted backend needs a stop token")
         self.n_text = len(self.tokenizer_info.token_bytes)
         self.vocab_size = self.n_text + pad
-        self.eos_token_ids = [0]
         self.max_context = max_context
         self.forward_delay = forward_delay
         self.prefill_delay = prefill_delay
@@ -108,11 +126,17 @@ class ScriptedBackend:
         self._prompts: OrderedDict[tuple[int, ...], None] = OrderedDict()
         self.max_prompts = max(1, int(max_prompts))
         self._by_first: dict[int, list[tuple[bytes, int]]] = {}
+        special = set(self._specials)
         for i, b in enumerate(self.tokenizer_info.token_bytes):
-            if b:
+            if b and i not in special:
                 self._by_first.setdefault(b[0], []).append((b, i))
         for lst in self._by_first.values():
             lst.sort(key=lambda x: -len(x[0]))
+        if tokenizer_info is not None:
+            singles = {b for lst in self._by_first.values() for b, _ in lst if len(b) == 1}
+            if len(singles) < 256:
+                raise ValueError("the scripted backend needs a vocabulary with every single byte")
+            self._role_ids = {r: self.encode(f"[{r}]") for r in ("system", "user", "assistant", "tool")}
 
     # ------------------------------------------------------------------ tokenizer
     def _token_id(self, b: bytes) -> int:
@@ -133,13 +157,13 @@ class ScriptedBackend:
         return self.tokenizer_info.decode(ids).decode("utf-8", errors="replace")
 
     def apply_chat_template(self, messages: list[dict], *, tools=None, add_generation_prompt: bool = True) -> list[int]:
-        role_id = {"system": 1, "user": 2, "assistant": 3, "tool": 2}
+        roles = self._role_ids
         ids: list[int] = []
         for m in messages:
-            ids.append(role_id.get(m["role"], 2))
+            ids += roles.get(m["role"], roles["user"])
             ids += self.encode((m.get("content") or "") + "\n")
         if add_generation_prompt:
-            ids.append(3)
+            ids += roles["assistant"]
         key = tuple(ids)
         with self._lock:
             self._prompts[key] = None
@@ -199,19 +223,20 @@ class ScriptedBackend:
 
     def _logits(self, s: ScriptedSequence) -> torch.Tensor:
         row = torch.zeros(self.vocab_size)
-        row[: len(SPECIALS)] = -10.0
+        row[self._specials] = -10.0
+        eos = self.eos_token_ids[0]
         gen = self.tokenizer_info.decode(s.ids[s.prompt_len:])
         target = s.target
         if target.startswith(gen):
             rem = target[len(gen):]
             if not rem:
-                row[0] = 10.0
+                row[eos] = 10.0
             else:
-                row[0] = -5.0
+                row[eos] = -5.0
                 row[self.fallback_id] = 1.0
                 for b, t in self._by_first.get(rem[0], ()):
                     if rem.startswith(b):
                         row[t] = 5.0 + len(b)
         else:
-            row[0] = 8.0
+            row[eos] = 8.0
         return row
