@@ -665,3 +665,25 @@ async def test_request_canonical_on_an_unsupported_tokenizer_is_a_typed_error():
             await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], canonical=bad)
         assert ei.value.param == "canonical"
     await eng.aclose()
+
+
+def test_logits_processor_follows_response_format_canonical(small):
+    """The transformers LogitsProcessor reads ``response_format.canonical`` (or its own
+    ``canonical=``): canonical matchers, a typed error for a tokenizer it cannot support, and a
+    clear error for a value that is not a bool (never silently ignored)."""
+    pytest.importorskip("transformers")
+    from grammask.adapters.transformers import GrammarLogitsProcessor
+    from grammask.errors import InvalidRequestError
+
+    info, _tok, _enc = small
+    compiled = GrammarCompiler(info).compile_json_schema({"type": "object", "properties": {"a": {"type": "string"}}})
+    rf = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}, "canonical": True}
+    assert GrammarLogitsProcessor(compiled, canonical=True)._new_matcher()._canon is not None
+    assert GrammarLogitsProcessor(compiled)._new_matcher()._canon is None
+    proc = GrammarLogitsProcessor(rf, info)
+    assert proc.canonical and proc._new_matcher()._canon is not None
+    with pytest.raises(InvalidRequestError):
+        GrammarLogitsProcessor(dict(rf, canonical="yes"), info)
+    spm = TokenizerInfo.from_huggingface(spm_tokenizer(), disk_cache=False)
+    with pytest.raises(CanonicalTokenizationError):
+        GrammarLogitsProcessor(rf, spm)

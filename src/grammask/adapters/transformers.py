@@ -120,11 +120,19 @@ class GrammarLogitsProcessor(LogitsProcessor):
     and end-of-turn tokens); generation only stops on them if ``generate`` also knows them as
     ``eos_token_id``. ``whitespace``: ``"flexible"`` or ``"compact"`` JSON. ``parallel``: fill
     the rows' masks in threads (off by default: concurrent mask filling on matchers sharing one
-    compiled grammar is not reliable yet while its lazy lexer grows)."""
+    compiled grammar is not reliable yet while its lazy lexer grows). ``canonical``: allow only the
+    tokenizer's canonical token sequences (README "Canonical tokenization"; default: the
+    ``response_format``'s ``canonical``, else off); a tokenizer it cannot support raises
+    :class:`~grammask.errors.CanonicalTokenizationError` here."""
 
     def __init__(self, grammar: Any, tokenizer: Any = None, *, vocab_size: int | None = None,
                  stop_token_ids=None, whitespace: str = "flexible", compiler: GrammarCompiler | None = None,
-                 parallel: bool = False):
+                 parallel: bool = False, canonical: bool | None = None):
+        if canonical is None and isinstance(grammar, dict):
+            canonical = grammar.get("canonical")
+        if canonical is not None and not isinstance(canonical, bool):
+            raise InvalidRequestError("canonical must be true or false", param="canonical")
+        self.canonical = bool(canonical)
         if isinstance(grammar, CompiledGrammar):
             compiled = grammar
             info = grammar.tokenizer_info
@@ -140,6 +148,8 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self.parallel = parallel
         #: (row, token) pairs the grammar rejected since the last reset (the row then only gets stop tokens)
         self.rejected: list[tuple[int, int]] = []
+        if self.canonical and compiled is not None:
+            self._new_matcher()   # the tokenizer's canonical structure: built (or refused) now
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -151,7 +161,7 @@ class GrammarLogitsProcessor(LogitsProcessor):
         self.rejected = []
 
     def _new_matcher(self) -> GrammarMatcher:
-        return GrammarMatcher(self.compiled, stop_token_ids=self.stop_token_ids)
+        return GrammarMatcher(self.compiled, stop_token_ids=self.stop_token_ids, canonical=self.canonical)
 
     def _start(self, input_ids: torch.Tensor) -> None:
         self.reset()
