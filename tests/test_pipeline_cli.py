@@ -56,3 +56,12 @@ def test_chat_errors(scripted, tmp_path, capsys):
     assert cli.main(["chat", "--schema", str(tmp_path / "missing.json"), "x"]) == 2
     with pytest.raises(SystemExit):
         cli.main(["chat", "--json", "--regex", "a", "x"])
+
+
+def test_chat_canonical_flag_reaches_the_request(scripted, capsys):
+    """``--canonical`` asks for canonical matchers: the scripted vocabulary is not a BPE, so the
+    request is refused with the typed error's reason (not silently plain)."""
+    assert cli.main(["chat", "--json", "x"]) == 0
+    capsys.readouterr()
+    assert cli.main(["chat", "--json", "--canonical", "x"]) == 2
+    assert "canonical" in capsys.readouterr().err.lower()

@@ -53,6 +53,8 @@ async def _chat(args) -> int:
         messages.append({"role": "user", "content": args.prompt})
         kw = dict(messages=messages, response_format=_response_format(args), max_tokens=args.max_tokens,
                   temperature=args.temperature, seed=args.seed, fast_forward=not args.no_fast_forward)
+        if args.canonical:
+            kw["canonical"] = True
         if args.stream:
             stream = await engine.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
             usage = None
@@ -110,6 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--seed", type=int, default=None)
     c.add_argument("--stream", action="store_true")
     c.add_argument("--no-fast-forward", action="store_true")
+    c.add_argument("--canonical", action="store_true",
+                   help="only the tokenizer's canonical token sequences (README 'Canonical tokenization')")
     c.add_argument("--quiet-usage", action="store_true", help="print the usage line on stderr")
     _add_serve_parser(sub)
     args = p.parse_args(argv)
