@@ -431,10 +431,10 @@ def boundaries_bits(prog, s: str) -> int:
 
 
 @njit(nogil=True, cache=True)
-def probe_bounds(region, probes, probe_len, out, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi,
-                 lit_lo, lit_hi, lit_masks):
-    """``out[f]`` = the boundaries of ``region + probes[f]`` as bits (the region's chain is run once,
-    each probe goes on from its last point no probe can change)."""
+def _region_chain(region, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks):
+    """The scratch of a region's chain (the region's codes at the front of ``buf``), after the
+    chain ran over the region as far as no continuation can change it: (buf, start, choice,
+    reach, res, the position and boundary bits it stopped at)."""
     r = region.shape[0]
     buf = np.zeros(MAX_LEN + 8, np.int8)
     start = np.zeros(kind.shape[0] + 1, np.int64)
@@ -445,7 +445,17 @@ def probe_bounds(region, probes, probe_len, out, alt_lo, alt_hi, first, kind, ma
         buf[k] = region[k]
     _chain(buf, r, 0, np.int64(0), r, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi,
            lit_masks, start, choice, reach, res)
-    r_pos, r_bits = res[0], res[1]
+    return buf, start, choice, reach, res, res[0], res[1]
+
+
+@njit(nogil=True, cache=True)
+def probe_bounds(region, probes, probe_len, out, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi,
+                 lit_lo, lit_hi, lit_masks):
+    """``out[f]`` = the boundaries of ``region + probes[f]`` as bits (the region's chain is run once,
+    each probe goes on from its last point no probe can change)."""
+    r = region.shape[0]
+    buf, start, choice, reach, res, r_pos, r_bits = _region_chain(
+        region, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks)
     for f in range(probes.shape[0]):
         pl = probe_len[f]
         for k in range(pl):
@@ -474,20 +484,12 @@ def judge_all(region, jbits, bad, sigs, cand, cand_len, cand_tail, probes, probe
     after ``region`` (codes; junction positions ``jbits``, those failing the pair test ``bad``);
     -1 where the string is too long (the caller judges those in Python)."""
     r = region.shape[0]
-    buf = np.zeros(MAX_LEN + 8, np.int8)
-    start = np.zeros(kind.shape[0] + 1, np.int64)
-    choice = np.zeros(kind.shape[0] + 1, np.int64)
-    reach = np.zeros(1, np.int64)
-    res = np.zeros(2, np.int64)
-    for k in range(r):
-        buf[k] = region[k]
     one = np.int64(1)
     below_r = ((one << r) - 1) & ~one if r > 0 else np.int64(0)
     n_probes = probes.shape[0]
     # the chain over the region alone, as far as no candidate can change it
-    _chain(buf, r, 0, np.int64(0), r, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi,
-           lit_masks, start, choice, reach, res)
-    r_pos, r_bits = res[0], res[1]
+    buf, start, choice, reach, res, r_pos, r_bits = _region_chain(
+        region, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks)
     for si in range(sigs.shape[0]):
         sg = sigs[si]
         cl = cand_len[sg]
