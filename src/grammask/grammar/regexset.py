@@ -124,6 +124,10 @@ class ExprSet:
         i = self._ids.get(key)
         if i is not None:
             return i
+        return self._new(kind, args, key)
+
+    def _new(self, kind: int, args: tuple, key: int) -> int:
+        """Add the node ``(kind, args)`` (not in the set yet) under its key."""
         i = len(self.kind)
         if i >= self.max_nodes:
             raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
@@ -160,7 +164,11 @@ class ExprSet:
 
     def byteset(self, mask: int) -> int:
         mask &= ALL_BYTES
-        return self._mk(BYTES, (mask,)) if mask else EMPTY
+        if not mask:
+            return EMPTY
+        key = mask << 3 | BYTES
+        i = self._ids.get(key)
+        return i if i is not None else self._new(BYTES, (mask,), key)
 
     def byte_range(self, lo: int, hi: int) -> int:
         if lo > hi:
@@ -173,9 +181,16 @@ class ExprSet:
     def literal(self, data: bytes | str) -> int:
         if isinstance(data, str):
             data = data.encode("utf-8")
+        ids = self._ids
         e = EPS
         for b in reversed(data):
-            e = self.concat(self.byteset(1 << b), e)
+            x = self.byteset(1 << b)
+            if e == EPS:
+                e = x
+                continue
+            key = ((x << 32 | e) << 3) | CONCAT
+            i = ids.get(key)
+            e = i if i is not None else self._new(CONCAT, (x, e), key)
         return e
 
     def concat(self, *xs: int) -> int:
@@ -191,10 +206,28 @@ class ExprSet:
             return b
         if b == EPS:
             return a
-        if self.kind[a] == CONCAT:
-            x, y = self.args[a]
-            return self._concat2(x, self._concat2(y, b))
-        return self._mk(CONCAT, (a, b))
+        kind = self.kind
+        if kind[a] == CONCAT:
+            # keep concatenations right-nested: a = x1 (x2 (... (xn y))) becomes
+            # x1 (x2 (... (xn (y b)))), built from the inside out
+            args = self.args
+            xs = []
+            while kind[a] == CONCAT:
+                x, a = args[a]
+                xs.append(x)
+            b = self._concat2(a, b)
+            ids = self._ids
+            for x in reversed(xs):
+                if kind[x] == CONCAT:
+                    b = self._concat2(x, b)
+                    continue
+                key = ((x << 32 | b) << 3) | CONCAT
+                i = ids.get(key)
+                b = i if i is not None else self._new(CONCAT, (x, b), key)
+            return b
+        key = ((a << 32 | b) << 3) | CONCAT
+        i = self._ids.get(key)
+        return i if i is not None else self._new(CONCAT, (a, b), key)
 
     def alt(self, *xs: int) -> int:
         items: set[int] = set()
