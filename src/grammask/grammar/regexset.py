@@ -34,6 +34,8 @@ ALL_BYTES = (1 << 256) - 1
 INF = -1
 #: entries of the slice-containment table before it starts over
 MAX_PREFIX_CACHE = 2_000_000
+#: entries of the memo of re-nested concatenations (see ExprSet._concat2) before it starts over
+MAX_CHAIN_MEMO = 1 << 15
 
 
 def _lowbit(mask: int) -> int:
@@ -113,6 +115,9 @@ class ExprSet:
         # (x << 32 | s) << 32 | r -> an upper bound of the factors of r to begin from the pair
         # (x, s) to a word of x & s r*, or -1 where there is none (see _alive_counted)
         self._counted_memo: dict[int, int] = {}
+        # a << 32 | b -> concat(a, b) for a concatenation a: re-nesting walks all of a, and the
+        # same pairs come back (object keys with their quotes and colon, quoted string literals)
+        self._chain_memo: dict[int, int] = {}
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
 
     # ------------------------------------------------------------------ construction
@@ -210,6 +215,11 @@ class ExprSet:
         if kind[a] == CONCAT:
             # keep concatenations right-nested: a = x1 (x2 (... (xn y))) becomes
             # x1 (x2 (... (xn (y b)))), built from the inside out
+            memo = self._chain_memo
+            pair = a << 32 | b
+            r = memo.get(pair)
+            if r is not None:
+                return r
             args = self.args
             xs = []
             while kind[a] == CONCAT:
@@ -224,6 +234,9 @@ class ExprSet:
                 key = ((x << 32 | b) << 3) | CONCAT
                 i = ids.get(key)
                 b = i if i is not None else self._new(CONCAT, (x, b), key)
+            if len(memo) >= MAX_CHAIN_MEMO:
+                memo.clear()
+            memo[pair] = b
             return b
         key = ((a << 32 | b) << 3) | CONCAT
         i = self._ids.get(key)
