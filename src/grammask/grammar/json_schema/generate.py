@@ -16,7 +16,7 @@ from .algebra import Algebra, CannotNegate
 from .ir import ANY, NOTHING, ArrC, Node, NumC, ObjC, OneOf, Ref, StrC, Typed, Union, is_nothing
 from .limits import MAX_OBJECT_STATES, MAX_PATTERN_REGIONS, MAX_RULES, MAX_UNIQUE_VALUES, MAX_UNROLL
 from .numeric import number_regex
-from .state import CompileState, Stage
+from .state import CompileState, Stage, remember
 
 __all__ = ["GrammarGenerator"]
 
@@ -48,8 +48,6 @@ class GrammarGenerator(Stage):
         self.ws = st.ws
         self.unordered_max = st.unordered_max
         self.gen_memo: dict = {}
-        self.str_tok_cache: dict = {}
-        self.num_tok_cache: dict = {}
         self.n_alts = 0
 
     def lead_inner(self, depth: int) -> int:
@@ -117,12 +115,13 @@ class GrammarGenerator(Stage):
 
     def num_tok(self, n: NumC) -> int:
         key = (n.integer, n.lo, n.lo_excl, n.hi, n.hi_excl, n.mults, n.excl, n.nonint, n.nmults)
-        e = self.num_tok_cache.get(key)
+        memo = self.st.number_tokens
+        e = memo.get(key)
         if e is None:
             e = number_regex(self.ex, integer=n.integer, lo=n.lo, lo_excl=n.lo_excl, hi=n.hi, hi_excl=n.hi_excl,
                              multiple_of=n.mults, excluded=n.excl, nonint=n.nonint, not_multiple_of=n.nmults,
                              full_number=self.lx.number)
-            self.num_tok_cache[key] = e
+            remember(memo, key, e)
         return e
 
     def str_body(self, sc: StrC) -> int:
@@ -146,12 +145,13 @@ class GrammarGenerator(Stage):
         return ex.intersect(*parts)
 
     def str_tok(self, sc: StrC) -> int:
-        e = self.str_tok_cache.get(id(sc))
+        key = (sc.literals, sc.expr, sc.min_len, sc.max_len, sc.excl)
+        memo = self.st.string_tokens
+        e = memo.get(key)
         if e is None:
             q = self.strings.quote
             e = self.ex.concat(q, self.str_body(sc), q)
-            self.str_tok_cache[id(sc)] = e
-            self.st.keep.append(sc)
+            remember(memo, key, e)
         return e
 
     # -------------------------------------------------------------- arrays

@@ -18,7 +18,18 @@ from .input import detect_draft
 from .ir import Ref
 from .strings import Strings
 
-__all__ = ["CompileState", "Stage"]
+__all__ = ["CompileState", "Stage", "remember", "MAX_SHARED_TOKENS"]
+
+#: entries of each token memo shared by the compiles of one ExprSet (number tokens, string
+#: tokens) before it starts over
+MAX_SHARED_TOKENS = 4096
+
+
+def remember(memo: dict, key, value) -> None:
+    """``memo[key] = value`` in a memo bounded by :data:`MAX_SHARED_TOKENS` (full: it starts over)."""
+    if len(memo) >= MAX_SHARED_TOKENS:
+        memo.clear()
+    memo[key] = value
 
 
 class CompileState:
@@ -35,6 +46,10 @@ class CompileState:
             shared["lx"] = JsonLexemes(self.ex)
             shared["strings"] = Strings(self.ex, shared["lx"])
         self.lx = shared["lx"]
+        # tokens of number and string constraints, by value: the same constraints come back in
+        # other schemas (and a token's expression depends on nothing else in the ExprSet)
+        self.number_tokens: dict = shared.setdefault("number_tokens", {})
+        self.string_tokens: dict = shared.setdefault("string_tokens", {})
         self.strict = strict
         self.lenient = lenient
         self.indent = indent
