@@ -1,5 +1,5 @@
 """The memos shared by the JSON Schema compiles of one ExprSet (number and string tokens,
-re-nested concatenations): bounded, and a compile builds the same grammar with them, without
+``pattern``/``format`` expressions, re-nested concatenations): bounded, and a compile builds the same grammar with them, without
 them, and with them starting over at any point."""
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import pytest
 
 import grammask.grammar.json_schema.generate as generate
 import grammask.grammar.json_schema.state as state
+import grammask.grammar.json_schema.to_ir as to_ir
 import grammask.grammar.regexset as regexset
 from grammask.grammar.cfg import lower
 from grammask.grammar.json_schema import json_schema_grammar
@@ -23,6 +24,9 @@ SCHEMAS = [
     {"type": "object", "properties": {"ключ": {"const": "значение"}, "a/b": {"type": "boolean"}},
      "additionalProperties": {"type": "integer", "minimum": 0}},
     {"type": "object", "properties": {"id": {"type": "integer", "minimum": 0}, "name": {"type": "string"}}},
+    {"type": "object", "properties": {"when": {"type": "string", "format": "date"},
+                                      "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]+$"}},
+     "patternProperties": {"^x-": {"type": "string", "format": "email"}}},
 ]
 
 
@@ -43,6 +47,7 @@ def _forgetful(memo, key, value) -> None:
 @pytest.mark.parametrize("cap", [1, 2, 4096])
 def test_shared_token_memos_are_bounded_and_change_no_grammar(cap, monkeypatch):
     monkeypatch.setattr(generate, "remember", _forgetful)
+    monkeypatch.setattr(to_ir, "remember", _forgetful)
     monkeypatch.setattr(regexset, "MAX_CHAIN_MEMO", 1)
     want, ex0 = _compile_all()
     monkeypatch.undo()
@@ -51,7 +56,7 @@ def test_shared_token_memos_are_bounded_and_change_no_grammar(cap, monkeypatch):
     assert got == want
     assert ex.args == ex0.args   # the same expressions, made in the same order
     shared = ex.__dict__["_json_schema_shared"]
-    for name in ("number_tokens", "string_tokens"):
+    for name in ("number_tokens", "string_tokens", "regexes"):
         assert 0 < len(shared[name]) <= cap
 
 

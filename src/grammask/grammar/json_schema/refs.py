@@ -16,6 +16,15 @@ def _urldefrag(url: str) -> tuple[str, str]:
     return r[0], r[1]
 
 
+@lru_cache(maxsize=4096)
+def _ref_url(base: str, ref: str) -> tuple[str, str, str]:
+    """``(full, url, fragment)`` of ``$ref`` ``ref`` read against ``base`` (``urljoin`` is slow in
+    CPython, and a schema repeats the same few references)."""
+    full = urljoin(base, ref)
+    url, frag = _urldefrag(full)
+    return full, url, frag
+
+
 #: keywords whose values are instance data, never schemas (not indexed)
 _DATA_KEYWORDS = frozenset(("enum", "const", "examples", "default", "example"))
 #: keywords whose values map names (property names, definition names) to schemas
@@ -83,10 +92,9 @@ class RefRegistry:
         """``(target, base URI of the target's parent, display name)``."""
         if not isinstance(ref, str):
             raise InvalidSchemaError("$ref must be a string", pointer)
-        full = urljoin(base, ref)
-        url, frag = urldefrag(full)
+        full, url, frag = _ref_url(base, ref)
         if not url:
-            url = urldefrag(base)[0]
+            url = _urldefrag(base)[0]
         res = self.resources.get(url)
         if res is None:
             raise UnsupportedSchemaError(f"cannot resolve $ref {ref!r} (remote references are not fetched)",
