@@ -42,3 +42,23 @@ def test_rules_that_refer_to_earlier_rules_settle_too(n):
     assert _least_fixpoint(rules, ok) == set(range(n)) == _horn_fixpoint(rules, lambda e: ok[~e])
     nullable = {0: [[]]} | {nt: [[nt - 1]] for nt in range(1, n)}
     assert _least_fixpoint(nullable, None) == set(range(n))
+
+
+@pytest.mark.parametrize("check_lexemes", [True, False])
+def test_lowering_leaves_the_grammar_as_it_was(check_lexemes):
+    """Lowering starts from the grammar's own lists (no copy) and must never change them."""
+    import copy
+
+    from grammask.grammar.cfg import lower
+    from grammask.grammar.ebnf import parse_ebnf
+
+    g = parse_ebnf('''
+        root ::= item ("," item)* dead? | "[" root? "]"
+        item ::= [a-z]* | "x" "y"* | word
+        word ::= "ab" | "a" [b-c]+
+        dead ::= dead "z"
+        unused ::= "u"
+    ''')
+    before = copy.deepcopy(g.rules)
+    lower(g, "root", check_lexemes=check_lexemes)
+    assert g.rules == before

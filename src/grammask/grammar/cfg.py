@@ -83,13 +83,15 @@ class Grammar:
             name = f"{prefix}#{n}"
         return self.nonterminal(name)
 
-    def define(self, nt: int, alternatives: list[list[int]]) -> int:
+    def define(self, nt: int, alternatives: list[list[int]], copy: bool = True) -> int:
+        """Set the alternatives of ``nt`` (copied; ``copy=False``: the caller hands over the lists
+        and never changes them again)."""
         m = current()
         if m is not None:
             m.rules += 56 + ALT_BYTES * len(alternatives) + SYMBOL_BYTES * sum(map(len, alternatives))
             if m.rules >= RULES_BATCH:
                 m.flush()
-        self.rules[nt] = [list(a) for a in alternatives]
+        self.rules[nt] = [list(a) for a in alternatives] if copy else alternatives
         return nt
 
     def add_alternative(self, nt: int, alt: list[int]) -> None:
@@ -157,7 +159,9 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
     # the working copy lowering rewrites (the grammar itself is kept: both are held)
     charge("lowered rules", len(g.rules) * (RULE_BYTES + 56)
            + sum(ALT_BYTES * len(alts) + SYMBOL_BYTES * sum(map(len, alts)) for alts in g.rules))
-    rules: dict[int, list[list[int]]] = {i: [list(a) for a in alts] for i, alts in enumerate(g.rules)}
+    # lowering never changes a list of the grammar's: it replaces a rule's alternatives with new
+    # lists, so the working copy starts out sharing them
+    rules: dict[int, list[list[int]]] = dict(enumerate(g.rules))
     names = list(g.names)
     # terminal symbol -> its language is non-empty (prune's cache)
     term_alive: dict[int, bool] = {}
