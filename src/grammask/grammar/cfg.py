@@ -676,34 +676,38 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
     # and the int32 copy of grammar_tables) per nonterminal
     charge("Earley tables", 8 * n_pos + 4 * n_prods + 13 * (start + 1))
     ends: list[int] = []   # the SYM_END positions (end_lhs holds -1 elsewhere)
-    for _, alts in all_rules:
+    # the alternatives without terminals, in table numbering: only they can be nullable (a
+    # terminal never is here)
+    eps_rules: dict[int, list[list[int]]] = {}
+    for new_nt, alts in all_rules:
         lo.append(len(prod_start))
         for a in alts:
-            prod_start.append(len(sym))
+            p = len(sym)
+            prod_start.append(p)
+            pure = True
             for s in a:
                 if s >= 0:
                     sym.append(remap[s])
                 else:
+                    pure = False
                     li = lex_index.get(s)
                     if li is None:
                         li = lex_index[s] = -(len(lexemes) + 2)
                         lexemes.append(~s)
                     sym.append(li)
+            if pure:
+                if new_nt in eps_rules:
+                    eps_rules[new_nt].append(sym[p:])
+                else:
+                    eps_rules[new_nt] = [sym[p:]]
             ends.append(len(sym))
             sym.append(SYM_END)
         hi.append(len(prod_start))
     end_lhs = np.full(len(sym), -1, dtype=np.int32)
     end_lhs[ends] = [new_nt for new_nt, alts in all_rules for _ in alts]
     nul = np.zeros(start + 1, dtype=np.uint8)
-    # nullable: only alternatives without terminals can be (no terminal is nullable here)
-    eps_rules = {}
-    for nt, alts in rules.items():
-        cand = [a for a in alts if not a or min(a) >= 0]
-        if cand:
-            eps_rules[nt] = cand
-    for n in _nullable_nts(eps_rules):
-        nul[remap[n]] = 1
-    nul[start] = nul[remap[root_id]]
+    for n in _nullable_nts(eps_rules):   # the start rule's too
+        nul[n] = 1
     accept_pos = len(sym) - 1
     i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
     return FlatGrammar(

@@ -141,13 +141,13 @@ class ExprSet:
             m.nodes += 1
             if m.nodes >= NODE_BATCH:
                 m.flush()
-        if kind == EMPTY or kind == BYTES:
+        if kind == CONCAT:
+            nul = self._nullable[args[0]] and self._nullable[args[1]]
+            hb = self._has_bool[args[0]] or self._has_bool[args[1]]
+        elif kind == EMPTY or kind == BYTES:
             nul, hb = False, False
         elif kind == EPS:
             nul, hb = True, False
-        elif kind == CONCAT:
-            nul = self._nullable[args[0]] and self._nullable[args[1]]
-            hb = self._has_bool[args[0]] or self._has_bool[args[1]]
         elif kind == OR:
             nul = any(self._nullable[a] for a in args)
             hb = any(self._has_bool[a] for a in args)
@@ -199,9 +199,11 @@ class ExprSet:
         return e
 
     def concat(self, *xs: int) -> int:
-        r = EPS
-        for x in reversed(xs):
-            r = self._concat2(x, r)
+        if not xs:
+            return EPS
+        r = xs[-1]   # concatenating anything with EPS gives it back
+        for i in range(len(xs) - 2, -1, -1):
+            r = self._concat2(xs[i], r)
         return r
 
     def _concat2(self, a: int, b: int) -> int:

@@ -60,6 +60,22 @@ class RefRegistry:
             return
         if not isinstance(s, dict):
             return
+        if top or (("$id" if self.draft > 4 else "id") in s or "$anchor" in s or "$dynamicAnchor" in s
+                   or "$recursiveAnchor" in s):
+            base = self._register(s, parent, top)
+        else:
+            base = parent   # nothing to register, and the base URI stays
+        for k, v in s.items():
+            if k in _DATA_KEYWORDS:
+                continue
+            if k in _NAME_MAPS and isinstance(v, dict):  # names -> schemas: a name is not a keyword
+                for sub in v.values():
+                    self._index(sub, base)
+            elif isinstance(v, (dict, list)):
+                self._index(v, base)
+
+    def _register(self, s: dict, parent: str, top: bool) -> str:
+        """Register the resource and anchors schema ``s`` declares; its base URI."""
         base = self.own_base(s, parent)
         url, frag = _urldefrag(base)
         if top:
@@ -79,14 +95,7 @@ class RefRegistry:
             a = s.get(akw)
             if isinstance(a, str):
                 self.anchors.setdefault(url + "#" + a, (s, parent))
-        for k, v in s.items():
-            if k in _DATA_KEYWORDS:
-                continue
-            if k in _NAME_MAPS and isinstance(v, dict):  # names -> schemas: a name is not a keyword
-                for sub in v.values():
-                    self._index(sub, base)
-            elif isinstance(v, (dict, list)):
-                self._index(v, base)
+        return base
 
     def resolve(self, ref: str, base: str, pointer: str):
         """``(target, base URI of the target's parent, display name)``."""
