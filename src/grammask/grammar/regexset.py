@@ -118,6 +118,7 @@ class ExprSet:
         # a << 32 | b -> concat(a, b) for a concatenation a: re-nesting walks all of a, and the
         # same pairs come back (object keys with their quotes and colon, quoted string literals)
         self._chain_memo: dict[int, int] = {}
+        self._byte_ids = [EMPTY] * 256   # byte -> its one-byte set (EMPTY: not made yet)
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
 
     # ------------------------------------------------------------------ construction
@@ -183,13 +184,23 @@ class ExprSet:
     def any_byte(self) -> int:
         return self.byteset(ALL_BYTES)
 
+    def single_bytes(self, data: bytes) -> list[int]:
+        """The one-byte set of each byte of ``data``, in order."""
+        byte_ids = self._byte_ids
+        return [byte_ids[b] or self._single_byte(b) for b in data]
+
+    def _single_byte(self, b: int) -> int:
+        i = self._byte_ids[b] = self.byteset(1 << b)
+        return i
+
     def literal(self, data: bytes | str) -> int:
         if isinstance(data, str):
             data = data.encode("utf-8")
         ids = self._ids
+        byte_ids = self._byte_ids
         e = EPS
         for b in reversed(data):
-            x = self.byteset(1 << b)
+            x = byte_ids[b] or self._single_byte(b)
             if e == EPS:
                 e = x
                 continue

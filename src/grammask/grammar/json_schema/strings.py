@@ -352,7 +352,7 @@ class Strings:
             ex = self.ex
             if not full and s.isascii() and s.isprintable() and '"' not in s and "\\" not in s and "/" not in s:
                 # printable ASCII without a character that has an escape: spelled only raw
-                r = ex.concat(*[ex.byteset(1 << b) for b in s.encode("ascii")])
+                r = ex.concat(*ex.single_bytes(s.encode("ascii")))
             else:
                 r = ex.concat(*[self._char_forms(ch, full) for ch in s])
             self._lit[key] = r
