@@ -63,16 +63,21 @@ class Grammar:
     def nonterminal(self, name: str, where: tuple[int, int] | None = None) -> int:
         i = self.index.get(name)
         if i is None:
-            m = current()   # the compile memory bound (membound.py), counted in batches
-            if m is not None:
-                m.rules += RULE_BYTES
-                if m.rules >= RULES_BATCH:
-                    m.flush()
-            i = len(self.names)
-            self.names.append(name)
-            self.index[name] = i
-            self.rules.append(None)
-            self.where.append(where)
+            i = self._add(name, where)
+        return i
+
+    def _add(self, name: str, where: tuple[int, int] | None) -> int:
+        """A new nonterminal named ``name`` (not taken)."""
+        m = current()   # the compile memory bound (membound.py), counted in batches
+        if m is not None:
+            m.rules += RULE_BYTES
+            if m.rules >= RULES_BATCH:
+                m.flush()
+        i = len(self.names)
+        self.names.append(name)
+        self.index[name] = i
+        self.rules.append(None)
+        self.where.append(where)
         return i
 
     def fresh(self, prefix: str) -> int:
@@ -81,7 +86,7 @@ class Grammar:
         while name in self.index:
             n += 1
             name = f"{prefix}#{n}"
-        return self.nonterminal(name)
+        return self._add(name, None)
 
     def define(self, nt: int, alternatives: list[list[int]], copy: bool = True) -> int:
         """Set the alternatives of ``nt`` (copied; ``copy=False``: the caller hands over the lists
@@ -184,7 +189,8 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 out.append(s)
         return out
 
-    def prune() -> None:
+    def prune() -> bool:
+        # (returns whether a rule kept has a nullable terminal)
         # productive nonterminals: an alternative is productive when every nonterminal in it is
         # and every terminal is non-empty. Emptiness is decided first, for every terminal in rule
         # order (deciding it may add expressions to the ExprSet: always in the same order)
@@ -199,6 +205,8 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
         # reachable from the root through productive alternatives, which are all that is kept
         seen = {root_id}
         todo = [root_id]
+        nul = ex._nullable
+        nullable_terms = False
         while todo:
             nt = todo.pop()
             alts = rules[nt]
@@ -210,15 +218,19 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 else:
                     kept.append(a)
                     for s in a:
-                        if s >= 0 and s not in seen:
-                            seen.add(s)
-                            todo.append(s)
+                        if s >= 0:
+                            if s not in seen:
+                                seen.add(s)
+                                todo.append(s)
+                        elif nul[~s]:
+                            nullable_terms = True
             if len(kept) != len(alts):
                 rules[nt] = kept
         if len(seen) != len(rules):
             for nt in list(rules):
                 if nt not in seen:
                     del rules[nt]
+        return nullable_terms
 
     def recursive_nts() -> set[int]:
         # nonterminals on a cycle (Tarjan-free: a simple DFS reachability per node is fine here)
@@ -337,8 +349,7 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 break
         split_nullable_terminals()
         prune()
-    else:
-        prune()
+    elif prune():
         # the optional rules it adds are productive and reachable: no second prune needed
         split_nullable_terminals()
 
