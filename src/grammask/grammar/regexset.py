@@ -256,6 +256,8 @@ class ExprSet:
         return i if i is not None else self._new(CONCAT, (a, b), key)
 
     def alt(self, *xs: int) -> int:
+        if len(xs) == 1 and self.kind[xs[0]] != OR:
+            return xs[0]   # a union of one expression (a byte set, EPS, EMPTY included) is itself
         items: set[int] = set()
         mask = 0
         stack = list(xs)
