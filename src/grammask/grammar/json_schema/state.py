@@ -7,6 +7,11 @@ counters; what they share is here, explicitly: the grammar being built and its E
 lexemes and string encodings, the options, the warnings of ``lenient`` mode, every :class:`Ref`
 made (so :meth:`CompileState.close` can unlink them), and the list that keeps memo-keyed objects
 alive (memo keys are ``id()`` s, which must stay unique while the compile runs).
+
+What depends only on the ExprSet lives with it, shared by every compile into it: the JSON
+lexemes, the string encodings (:class:`~.strings.Strings`), and memos by value of number and
+string tokens and of ``pattern``/``format`` expressions (each bounded by
+:data:`MAX_SHARED_TOKENS`: a hit returns the very expression a recomputation would build).
 """
 from __future__ import annotations
 
