@@ -24,6 +24,7 @@ expression in the grammar's :class:`~.regexset.ExprSet`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -162,8 +163,8 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
             raise UndefinedRuleError(f"rule {g.names[i]!r} is referenced but not defined",
                                      *(w if w else (None, None)))
     # the working copy lowering rewrites (the grammar itself is kept: both are held)
-    charge("lowered rules", len(g.rules) * (RULE_BYTES + 56)
-           + sum(ALT_BYTES * len(alts) + SYMBOL_BYTES * sum(map(len, alts)) for alts in g.rules))
+    charge("lowered rules", len(g.rules) * (RULE_BYTES + 56) + ALT_BYTES * sum(map(len, g.rules))
+           + SYMBOL_BYTES * sum(map(len, chain.from_iterable(g.rules))))
     # lowering never changes a list of the grammar's: it replaces a rule's alternatives with new
     # lists, so the working copy starts out sharing them
     rules: dict[int, list[list[int]]] = dict(enumerate(g.rules))
@@ -681,8 +682,8 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
     lo: list[int] = []
     hi: list[int] = []
     all_rules = [(remap[nt], rules[nt]) for nt in nts] + [(start, [[root_id]])]
-    n_prods = sum(len(alts) for _, alts in all_rules)
-    n_pos = n_prods + sum(len(a) for _, alts in all_rules for a in alts)
+    n_prods = sum(map(len, rules.values())) + 1   # and the start rule's [root]
+    n_pos = n_prods + sum(map(len, chain.from_iterable(rules.values()))) + 1
     # sym and end_lhs per position, prod_start per production, nt_prod_lo/hi and nullable (uint8,
     # and the int32 copy of grammar_tables) per nonterminal
     charge("Earley tables", 8 * n_pos + 4 * n_prods + 13 * (start + 1))
