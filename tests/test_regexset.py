@@ -117,12 +117,50 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
     assert len(ex._trans) > 10 and len(ex._fm) > 10 and len(ex.__dict__["_lexer_moves"]) > 1
     for _ in range(5):
         gc.collect()
-    for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo",
+    ex.concat(ex.literal("abc"), ex.literal("d"))   # a re-nested concatenation: memoised
+    assert ex._chain_memo
+    for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo", "_chain_memo",
                  "_partition_cache", "_trans", "_lexer_moves", "_packed_trans"):
         table = getattr(ex, name) if hasattr(ex, name) else ex.__dict__[name]
         assert not gc.is_tracked(table), (name, [(k, v) for k, v in table.items() if gc.is_tracked(k) or gc.is_tracked(v)][:3] if isinstance(table, dict) else None)
         if isinstance(table, dict):
             assert not any(gc.is_tracked(v) for v in table.values()), name
+
+
+@pytest.mark.parametrize("cap", [1, 3, 1 << 15])
+def test_chain_memo_is_bounded_and_changes_no_expression(cap, monkeypatch):
+    """Re-nested concatenations are memoised in a table that starts over at MAX_CHAIN_MEMO
+    entries; with any bound the same expressions get the same ids as without the memo."""
+    import random
+
+    import grammask.grammar.regexset as rs
+
+    def build(ex: ExprSet) -> list[int]:
+        rng = random.Random(7)
+        made = [ex.literal(w) for w in ("key", '"', ":", "ab", "x")]
+        for _ in range(400):
+            parts = [rng.choice(made) for _ in range(rng.randint(1, 4))]
+            e = ex.concat(*parts) if rng.random() < 0.8 else ex.alt(*parts)
+            made.append(e)
+            if len(made) > 60:
+                made.pop(rng.randrange(5, len(made)))
+        return made
+
+    plain = ExprSet()
+    plain._chain_memo = _NoMemo()
+    want = build(plain)
+    monkeypatch.setattr(rs, "MAX_CHAIN_MEMO", cap)
+    ex = ExprSet()
+    assert build(ex) == want
+    assert ex.args == plain.args and bytes(ex.kind) == bytes(plain.kind)
+    assert 0 < len(ex._chain_memo) <= cap
+
+
+class _NoMemo(dict):
+    """A memo that never remembers."""
+
+    def __setitem__(self, key, value):
+        pass
 
 
 class _Unrolled(ExprSet):

@@ -24,6 +24,7 @@ expression in the grammar's :class:`~.regexset.ExprSet`.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import chain
 
 import numpy as np
 
@@ -63,16 +64,21 @@ class Grammar:
     def nonterminal(self, name: str, where: tuple[int, int] | None = None) -> int:
         i = self.index.get(name)
         if i is None:
-            m = current()   # the compile memory bound (membound.py), counted in batches
-            if m is not None:
-                m.rules += RULE_BYTES
-                if m.rules >= RULES_BATCH:
-                    m.flush()
-            i = len(self.names)
-            self.names.append(name)
-            self.index[name] = i
-            self.rules.append(None)
-            self.where.append(where)
+            i = self._add(name, where)
+        return i
+
+    def _add(self, name: str, where: tuple[int, int] | None) -> int:
+        """A new nonterminal named ``name`` (not taken)."""
+        m = current()   # the compile memory bound (membound.py), counted in batches
+        if m is not None:
+            m.rules += RULE_BYTES
+            if m.rules >= RULES_BATCH:
+                m.flush()
+        i = len(self.names)
+        self.names.append(name)
+        self.index[name] = i
+        self.rules.append(None)
+        self.where.append(where)
         return i
 
     def fresh(self, prefix: str) -> int:
@@ -81,15 +87,17 @@ class Grammar:
         while name in self.index:
             n += 1
             name = f"{prefix}#{n}"
-        return self.nonterminal(name)
+        return self._add(name, None)
 
-    def define(self, nt: int, alternatives: list[list[int]]) -> int:
+    def define(self, nt: int, alternatives: list[list[int]], copy: bool = True) -> int:
+        """Set the alternatives of ``nt`` (copied; ``copy=False``: the caller hands over the lists
+        and never changes them again)."""
         m = current()
         if m is not None:
             m.rules += 56 + ALT_BYTES * len(alternatives) + SYMBOL_BYTES * sum(map(len, alternatives))
             if m.rules >= RULES_BATCH:
                 m.flush()
-        self.rules[nt] = [list(a) for a in alternatives]
+        self.rules[nt] = [list(a) for a in alternatives] if copy else alternatives
         return nt
 
     def add_alternative(self, nt: int, alt: list[int]) -> None:
@@ -155,10 +163,14 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
             raise UndefinedRuleError(f"rule {g.names[i]!r} is referenced but not defined",
                                      *(w if w else (None, None)))
     # the working copy lowering rewrites (the grammar itself is kept: both are held)
-    charge("lowered rules", len(g.rules) * (RULE_BYTES + 56)
-           + sum(ALT_BYTES * len(alts) + SYMBOL_BYTES * sum(map(len, alts)) for alts in g.rules))
-    rules: dict[int, list[list[int]]] = {i: [list(a) for a in alts] for i, alts in enumerate(g.rules)}
+    charge("lowered rules", len(g.rules) * (RULE_BYTES + 56) + ALT_BYTES * sum(map(len, g.rules))
+           + SYMBOL_BYTES * sum(map(len, chain.from_iterable(g.rules))))
+    # lowering never changes a list of the grammar's: it replaces a rule's alternatives with new
+    # lists, so the working copy starts out sharing them
+    rules: dict[int, list[list[int]]] = dict(enumerate(g.rules))
     names = list(g.names)
+    # terminal symbol -> its language is non-empty (prune's cache)
+    term_alive: dict[int, bool] = {}
 
     def fresh(prefix: str) -> int:
         # a helper rule of lowering (an optional, a split union or repetition): its name and a
@@ -178,39 +190,48 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 out.append(s)
         return out
 
-    def prune() -> None:
+    def prune() -> bool:
+        # (returns whether a rule kept has a nullable terminal)
         # productive nonterminals: an alternative is productive when every nonterminal in it is
-        # and every terminal is non-empty (a linear worklist fixpoint)
-        alive: dict[int, bool] = {}
-
-        def term_ok(e: int) -> bool:
-            v = alive.get(e)
-            if v is None:
-                v = alive[e] = ex.alive(e)
-            return v
-
-        productive = _horn_fixpoint(rules, term_ok)
+        # and every terminal is non-empty. Emptiness is decided first, for every terminal in rule
+        # order (deciding it may add expressions to the ExprSet: always in the same order)
+        for alts in rules.values():
+            for a in alts:
+                for s in a:
+                    if s < 0 and s not in term_alive:
+                        term_alive[s] = ex.alive(~s)
+        productive = _least_fixpoint(rules, term_alive)
         if root_id not in productive:
             raise EmptyLanguageError(f"the grammar's root {names[root_id]!r} derives no string")
-        for nt in list(rules):
-            if nt not in productive:
-                del rules[nt]
-                continue
-            rules[nt] = [a for a in rules[nt]
-                         if all((s >= 0 and s in productive) or (s < 0 and term_ok(~s)) for s in a)]
-        # reachable
+        # reachable from the root through productive alternatives, which are all that is kept
         seen = {root_id}
         todo = [root_id]
+        nul = ex._nullable
+        nullable_terms = False
         while todo:
             nt = todo.pop()
-            for a in rules[nt]:
+            alts = rules[nt]
+            kept = []
+            for a in alts:
                 for s in a:
-                    if s >= 0 and s not in seen:
-                        seen.add(s)
-                        todo.append(s)
-        for nt in list(rules):
-            if nt not in seen:
-                del rules[nt]
+                    if (s not in productive) if s >= 0 else not term_alive[s]:
+                        break
+                else:
+                    kept.append(a)
+                    for s in a:
+                        if s >= 0:
+                            if s not in seen:
+                                seen.add(s)
+                                todo.append(s)
+                        elif nul[~s]:
+                            nullable_terms = True
+            if len(kept) != len(alts):
+                rules[nt] = kept
+        if len(seen) != len(rules):
+            for nt in list(rules):
+                if nt not in seen:
+                    del rules[nt]
+        return nullable_terms
 
     def recursive_nts() -> set[int]:
         # nonterminals on a cycle (Tarjan-free: a simple DFS reachability per node is fine here)
@@ -290,12 +311,23 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
 
     def split_nullable_terminals() -> None:
         memo: dict[int, int] = {}
+        nul = ex._nullable
         for nt in list(rules):
+            alts = rules[nt]
+            for a in alts:
+                for s in a:
+                    if s < 0 and nul[~s]:
+                        break
+                else:
+                    continue
+                break
+            else:
+                continue   # no nullable terminal in this rule
             new_alts = []
-            for a in rules[nt]:
+            for a in alts:
                 b = []
                 for s in a:
-                    if s < 0 and ex.nullable(~s):
+                    if s < 0 and nul[~s]:
                         e = ~s
                         if e not in memo:
                             ne = ex.nonempty_part(e)
@@ -318,8 +350,7 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 break
         split_nullable_terminals()
         prune()
-    else:
-        prune()
+    elif prune():
         # the optional rules it adds are productive and reachable: no second prune needed
         split_nullable_terminals()
 
@@ -368,8 +399,41 @@ def _horn_fixpoint(rules: dict[int, list[list[int]]], term_ok) -> set[int]:
     return done
 
 
+def _least_fixpoint(rules: dict[int, list[list[int]]], term_ok: dict[int, bool] | None) -> set[int]:
+    """What :func:`_horn_fixpoint` computes, with ``term_ok`` a dict from terminal *symbols* to
+    their truth (None: no terminal is ok). Sweeps over the rules from the last to the first:
+    rules mostly refer to rules made after them (front ends name a rule before building what it
+    refers to), so one sweep settles nearly everything and another one or two the rest. Sweeps
+    stop when one adds nothing; past a few times the grammar's size in work, the counting
+    fixpoint takes over (linear in every case)."""
+    done: set[int] = set()
+    pending = list(reversed(rules.items()))
+    budget = 4 * len(pending) + 64
+    while True:
+        rest = []
+        for nt, alts in pending:
+            for a in alts:
+                for s in a:
+                    if s >= 0:
+                        if s not in done:
+                            break
+                    elif term_ok is None or not term_ok[s]:
+                        break
+                else:
+                    done.add(nt)
+                    break
+            else:
+                rest.append((nt, alts))
+        if not rest or len(rest) == len(pending):
+            return done   # settled: a sweep that adds nothing leaves nothing to add
+        budget -= len(pending)
+        if budget < len(rest):
+            return _horn_fixpoint(rules, (lambda e: False) if term_ok is None else (lambda e: term_ok[~e]))
+        pending = rest
+
+
 def _nullable_nts(rules: dict[int, list[list[int]]]) -> set[int]:
-    return _horn_fixpoint(rules, lambda e: False)
+    return _least_fixpoint(rules, None)
 
 
 def _check_deadline(deadline: float | None) -> None:
@@ -611,45 +675,55 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
     nts = sorted(rules)
     remap = {nt: i for i, nt in enumerate(nts)}
     start = len(nts)
-    lex_index: dict[int, int] = {}
+    lex_index: dict[int, int] = {}   # terminal symbol -> its symbol in the tables
     lexemes: list[int] = []
     sym: list[int] = []
-    end_lhs: list[int] = []
     prod_start: list[int] = []
     lo: list[int] = []
     hi: list[int] = []
     all_rules = [(remap[nt], rules[nt]) for nt in nts] + [(start, [[root_id]])]
-    n_prods = sum(len(alts) for _, alts in all_rules)
-    n_pos = n_prods + sum(len(a) for _, alts in all_rules for a in alts)
+    n_prods = sum(map(len, rules.values())) + 1   # and the start rule's [root]
+    n_pos = n_prods + sum(map(len, chain.from_iterable(rules.values()))) + 1
     # sym and end_lhs per position, prod_start per production, nt_prod_lo/hi and nullable (uint8,
     # and the int32 copy of grammar_tables) per nonterminal
     charge("Earley tables", 8 * n_pos + 4 * n_prods + 13 * (start + 1))
+    ends: list[int] = []   # the SYM_END positions (end_lhs holds -1 elsewhere)
+    # the alternatives without terminals, in table numbering: only they can be nullable (a
+    # terminal never is here)
+    eps_rules: dict[int, list[list[int]]] = {}
     for new_nt, alts in all_rules:
         lo.append(len(prod_start))
         for a in alts:
-            prod_start.append(len(sym))
+            p = len(sym)
+            prod_start.append(p)
+            pure = True
             for s in a:
                 if s >= 0:
                     sym.append(remap[s])
                 else:
-                    e = ~s
-                    li = lex_index.get(e)
+                    pure = False
+                    li = lex_index.get(s)
                     if li is None:
-                        li = lex_index[e] = len(lexemes)
-                        lexemes.append(e)
-                    sym.append(-(li + 2))
-                end_lhs.append(-1)
+                        li = lex_index[s] = -(len(lexemes) + 2)
+                        lexemes.append(~s)
+                    sym.append(li)
+            if pure:
+                if new_nt in eps_rules:
+                    eps_rules[new_nt].append(sym[p:])
+                else:
+                    eps_rules[new_nt] = [sym[p:]]
+            ends.append(len(sym))
             sym.append(SYM_END)
-            end_lhs.append(new_nt)
         hi.append(len(prod_start))
+    end_lhs = np.full(len(sym), -1, dtype=np.int32)
+    end_lhs[ends] = [new_nt for new_nt, alts in all_rules for _ in alts]
     nul = np.zeros(start + 1, dtype=np.uint8)
-    for n in _nullable_nts(rules):
-        nul[remap[n]] = 1
-    nul[start] = nul[remap[root_id]]
+    for n in _nullable_nts(eps_rules):   # the start rule's too
+        nul[n] = 1
     accept_pos = len(sym) - 1
     i32 = lambda x: np.asarray(x, dtype=np.int32)  # noqa: E731
     return FlatGrammar(
-        sym=i32(sym), end_lhs=i32(end_lhs), prod_start=i32(prod_start), nt_prod_lo=i32(lo),
+        sym=i32(sym), end_lhs=end_lhs, prod_start=i32(prod_start), nt_prod_lo=i32(lo),
         nt_prod_hi=i32(hi), nt_nullable=nul, start_nt=start, accept_pos=accept_pos,
         lexemes=lexemes, names=[names[nt] for nt in nts] + ["<start>"],
     )

@@ -34,6 +34,8 @@ ALL_BYTES = (1 << 256) - 1
 INF = -1
 #: entries of the slice-containment table before it starts over
 MAX_PREFIX_CACHE = 2_000_000
+#: entries of the memo of re-nested concatenations (see ExprSet._concat2) before it starts over
+MAX_CHAIN_MEMO = 1 << 15
 
 
 def _lowbit(mask: int) -> int:
@@ -113,6 +115,10 @@ class ExprSet:
         # (x << 32 | s) << 32 | r -> an upper bound of the factors of r to begin from the pair
         # (x, s) to a word of x & s r*, or -1 where there is none (see _alive_counted)
         self._counted_memo: dict[int, int] = {}
+        # a << 32 | b -> concat(a, b) for a concatenation a: re-nesting walks all of a, and the
+        # same pairs come back (object keys with their quotes and colon, quoted string literals)
+        self._chain_memo: dict[int, int] = {}
+        self._byte_ids = [EMPTY] * 256   # byte -> its one-byte set (EMPTY: not made yet)
         assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
 
     # ------------------------------------------------------------------ construction
@@ -124,6 +130,10 @@ class ExprSet:
         i = self._ids.get(key)
         if i is not None:
             return i
+        return self._new(kind, args, key)
+
+    def _new(self, kind: int, args: tuple, key: int) -> int:
+        """Add the node ``(kind, args)`` (not in the set yet) under its key."""
         i = len(self.kind)
         if i >= self.max_nodes:
             raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
@@ -132,13 +142,13 @@ class ExprSet:
             m.nodes += 1
             if m.nodes >= NODE_BATCH:
                 m.flush()
-        if kind == EMPTY or kind == BYTES:
+        if kind == CONCAT:
+            nul = self._nullable[args[0]] and self._nullable[args[1]]
+            hb = self._has_bool[args[0]] or self._has_bool[args[1]]
+        elif kind == EMPTY or kind == BYTES:
             nul, hb = False, False
         elif kind == EPS:
             nul, hb = True, False
-        elif kind == CONCAT:
-            nul = self._nullable[args[0]] and self._nullable[args[1]]
-            hb = self._has_bool[args[0]] or self._has_bool[args[1]]
         elif kind == OR:
             nul = any(self._nullable[a] for a in args)
             hb = any(self._has_bool[a] for a in args)
@@ -160,7 +170,11 @@ class ExprSet:
 
     def byteset(self, mask: int) -> int:
         mask &= ALL_BYTES
-        return self._mk(BYTES, (mask,)) if mask else EMPTY
+        if not mask:
+            return EMPTY
+        key = mask << 3 | BYTES
+        i = self._ids.get(key)
+        return i if i is not None else self._new(BYTES, (mask,), key)
 
     def byte_range(self, lo: int, hi: int) -> int:
         if lo > hi:
@@ -170,18 +184,37 @@ class ExprSet:
     def any_byte(self) -> int:
         return self.byteset(ALL_BYTES)
 
+    def single_bytes(self, data: bytes) -> list[int]:
+        """The one-byte set of each byte of ``data``, in order."""
+        byte_ids = self._byte_ids
+        return [byte_ids[b] or self._single_byte(b) for b in data]
+
+    def _single_byte(self, b: int) -> int:
+        i = self._byte_ids[b] = self.byteset(1 << b)
+        return i
+
     def literal(self, data: bytes | str) -> int:
         if isinstance(data, str):
             data = data.encode("utf-8")
+        ids = self._ids
+        byte_ids = self._byte_ids
         e = EPS
         for b in reversed(data):
-            e = self.concat(self.byteset(1 << b), e)
+            x = byte_ids[b] or self._single_byte(b)
+            if e == EPS:
+                e = x
+                continue
+            key = ((x << 32 | e) << 3) | CONCAT
+            i = ids.get(key)
+            e = i if i is not None else self._new(CONCAT, (x, e), key)
         return e
 
     def concat(self, *xs: int) -> int:
-        r = EPS
-        for x in reversed(xs):
-            r = self._concat2(x, r)
+        if not xs:
+            return EPS
+        r = xs[-1]   # concatenating anything with EPS gives it back
+        for i in range(len(xs) - 2, -1, -1):
+            r = self._concat2(xs[i], r)
         return r
 
     def _concat2(self, a: int, b: int) -> int:
@@ -191,12 +224,40 @@ class ExprSet:
             return b
         if b == EPS:
             return a
-        if self.kind[a] == CONCAT:
-            x, y = self.args[a]
-            return self._concat2(x, self._concat2(y, b))
-        return self._mk(CONCAT, (a, b))
+        kind = self.kind
+        if kind[a] == CONCAT:
+            # keep concatenations right-nested: a = x1 (x2 (... (xn y))) becomes
+            # x1 (x2 (... (xn (y b)))), built from the inside out
+            memo = self._chain_memo
+            pair = a << 32 | b
+            r = memo.get(pair)
+            if r is not None:
+                return r
+            args = self.args
+            xs = []
+            while kind[a] == CONCAT:
+                x, a = args[a]
+                xs.append(x)
+            b = self._concat2(a, b)
+            ids = self._ids
+            for x in reversed(xs):
+                if kind[x] == CONCAT:
+                    b = self._concat2(x, b)
+                    continue
+                key = ((x << 32 | b) << 3) | CONCAT
+                i = ids.get(key)
+                b = i if i is not None else self._new(CONCAT, (x, b), key)
+            if len(memo) >= MAX_CHAIN_MEMO:
+                memo.clear()
+            memo[pair] = b
+            return b
+        key = ((a << 32 | b) << 3) | CONCAT
+        i = self._ids.get(key)
+        return i if i is not None else self._new(CONCAT, (a, b), key)
 
     def alt(self, *xs: int) -> int:
+        if len(xs) == 1 and self.kind[xs[0]] != OR:
+            return xs[0]   # a union of one expression (a byte set, EPS, EMPTY included) is itself
         items: set[int] = set()
         mask = 0
         stack = list(xs)

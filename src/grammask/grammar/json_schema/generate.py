@@ -16,7 +16,7 @@ from .algebra import Algebra, CannotNegate
 from .ir import ANY, NOTHING, ArrC, Node, NumC, ObjC, OneOf, Ref, StrC, Typed, Union, is_nothing
 from .limits import MAX_OBJECT_STATES, MAX_PATTERN_REGIONS, MAX_RULES, MAX_UNIQUE_VALUES, MAX_UNROLL
 from .numeric import number_regex
-from .state import CompileState, Stage
+from .state import CompileState, Stage, remember
 
 __all__ = ["GrammarGenerator"]
 
@@ -48,9 +48,11 @@ class GrammarGenerator(Stage):
         self.ws = st.ws
         self.unordered_max = st.unordered_max
         self.gen_memo: dict = {}
-        self.str_tok_cache: dict = {}
-        self.num_tok_cache: dict = {}
         self.n_alts = 0
+
+    def define(self, nt: int, alternatives: list) -> int:
+        """Define rule ``nt``; the generator hands its freshly built lists over (no copy)."""
+        return self.g.define(nt, alternatives, copy=False)
 
     def lead_inner(self, depth: int) -> int:
         if self.indent is None:
@@ -77,16 +79,16 @@ class GrammarGenerator(Stage):
         self.gen_memo[key] = nt
         self.st.keep.append(node)
         if self.indent is not None and depth > 64:
-            g.define(nt, [])
+            self.define(nt, [])
             return nt
         if isinstance(node, Ref):
-            g.define(nt, [[self.gen(node.resolve(), lead, depth)]])
+            self.define(nt, [[self.gen(node.resolve(), lead, depth)]])
         elif isinstance(node, OneOf):
-            g.define(nt, [[self.gen(self.alg.resolve_oneof(node), lead, depth)]])
+            self.define(nt, [[self.gen(self.alg.resolve_oneof(node), lead, depth)]])
         elif isinstance(node, Union):
-            g.define(nt, [[self.gen(o, lead, depth)] for o in node.options])
+            self.define(nt, [[self.gen(o, lead, depth)] for o in node.options])
         else:
-            g.define(nt, self.gen_typed(node, lead, depth))
+            self.define(nt, self.gen_typed(node, lead, depth))
         self.n_alts += len(g.rules[nt])
         if self.n_alts > MAX_RULES:
             raise GrammarTooComplexError("the schema's grammar exceeds its size bound")
@@ -117,12 +119,13 @@ class GrammarGenerator(Stage):
 
     def num_tok(self, n: NumC) -> int:
         key = (n.integer, n.lo, n.lo_excl, n.hi, n.hi_excl, n.mults, n.excl, n.nonint, n.nmults)
-        e = self.num_tok_cache.get(key)
+        memo = self.st.number_tokens
+        e = memo.get(key)
         if e is None:
             e = number_regex(self.ex, integer=n.integer, lo=n.lo, lo_excl=n.lo_excl, hi=n.hi, hi_excl=n.hi_excl,
                              multiple_of=n.mults, excluded=n.excl, nonint=n.nonint, not_multiple_of=n.nmults,
                              full_number=self.lx.number)
-            self.num_tok_cache[key] = e
+            remember(memo, key, e)
         return e
 
     def str_body(self, sc: StrC) -> int:
@@ -146,12 +149,13 @@ class GrammarGenerator(Stage):
         return ex.intersect(*parts)
 
     def str_tok(self, sc: StrC) -> int:
-        e = self.str_tok_cache.get(id(sc))
+        key = (sc.literals, sc.expr, sc.min_len, sc.max_len, sc.excl)
+        memo = self.st.string_tokens
+        e = memo.get(key)
         if e is None:
             q = self.strings.quote
             e = self.ex.concat(q, self.str_body(sc), q)
-            self.str_tok_cache[id(sc)] = e
-            self.st.keep.append(sc)
+            remember(memo, key, e)
         return e
 
     # -------------------------------------------------------------- arrays
@@ -202,20 +206,20 @@ class GrammarGenerator(Stage):
             E[i] = nt
         if mx is None:
             tail = g.fresh("tail")
-            g.define(tail, [[], [tail, comma, self.gen(items, elem_lead, depth + 1)]])
+            self.define(tail, [[], [tail, comma, self.gen(items, elem_lead, depth + 1)]])
         for i in range(top, 0, -1):
             nt = E[i]
             if mx is not None and i == mx:
-                g.define(nt, [[]])
+                self.define(nt, [[]])
                 continue
             if mx is None and i >= K:
-                g.define(nt, [[tail]])
+                self.define(nt, [[tail]])
                 continue
             nxt = E.get(i + 1, tail)
             rule = [[comma, elem(i), nxt]]
             if i >= mn:
                 rule.append([])
-            g.define(nt, rule)
+            self.define(nt, rule)
         first_rest = E[1] if 1 in E else tail
         alts.append([lk, elem(0), first_rest, rk])
         return alts
@@ -268,7 +272,7 @@ class GrammarGenerator(Stage):
                 for j in range(n):
                     if not mask >> j & 1:
                         rule.append([comma, self.tok(elem_lead, toks[j]), U(mask | 1 << j, count + 1)])
-            g.define(nt, rule)
+            self.define(nt, rule)
             return nt
 
         try:
@@ -368,7 +372,7 @@ class GrammarGenerator(Stage):
                     nk = step(ks, bits)
                     if nk is not None:
                         rule.append([comma, v, S(i + 1, nk)])
-            g.define(nt, rule)
+            self.define(nt, rule)
             return nt
 
         try:
@@ -529,7 +533,7 @@ class GrammarGenerator(Stage):
                 for syms, bits in add_alts:
                     rule.append([comma, *syms, R(i, cnt(c + 1), f | bits)])
             rule.append([D(i, c, f)])
-            g.define(nt, rule)
+            self.define(nt, rule)
             return nt
 
         def D(i: int, c: int, f: int) -> int:
@@ -549,7 +553,7 @@ class GrammarGenerator(Stage):
                         rule.append([comma, *syms, R(i + 1, cnt(c + 1), f | bits)])
                 if not mem[i][1]:
                     rule.append([D(i + 1, c, f)])
-            g.define(nt, rule)
+            self.define(nt, rule)
             return nt
 
         try:
@@ -576,11 +580,11 @@ class GrammarGenerator(Stage):
                         rule.append([*syms, R(i + 1, cnt(1), bits)])
                     if not mem[i][1]:
                         rule.append([Fd(i + 1)])
-                g.define(nt, rule)
+                self.define(nt, rule)
                 return nt
 
             frule.append([Fd(0)])
-            g.define(first, frule)
+            self.define(first, frule)
             alts.append([lb, first, rb])
             return alts
         finally:
@@ -616,7 +620,7 @@ class GrammarGenerator(Stage):
                             rule.append([comma, *syms, U(seen | 1 << j, cnt(c + 1), f | bits)])
                 for syms, bits in add_alts:
                     rule.append([comma, *syms, U(seen, cnt(c + 1), f | bits)])
-            g.define(nt, rule)
+            self.define(nt, rule)
             return nt
 
         try:

@@ -16,6 +16,15 @@ def _urldefrag(url: str) -> tuple[str, str]:
     return r[0], r[1]
 
 
+@lru_cache(maxsize=4096)
+def _ref_url(base: str, ref: str) -> tuple[str, str, str]:
+    """``(full, url, fragment)`` of ``$ref`` ``ref`` read against ``base`` (``urljoin`` is slow in
+    CPython, and a schema repeats the same few references)."""
+    full = urljoin(base, ref)
+    url, frag = _urldefrag(full)
+    return full, url, frag
+
+
 #: keywords whose values are instance data, never schemas (not indexed)
 _DATA_KEYWORDS = frozenset(("enum", "const", "examples", "default", "example"))
 #: keywords whose values map names (property names, definition names) to schemas
@@ -51,6 +60,22 @@ class RefRegistry:
             return
         if not isinstance(s, dict):
             return
+        if top or (("$id" if self.draft > 4 else "id") in s or "$anchor" in s or "$dynamicAnchor" in s
+                   or "$recursiveAnchor" in s):
+            base = self._register(s, parent, top)
+        else:
+            base = parent   # nothing to register, and the base URI stays
+        for k, v in s.items():
+            if k in _DATA_KEYWORDS:
+                continue
+            if k in _NAME_MAPS and isinstance(v, dict):  # names -> schemas: a name is not a keyword
+                for sub in v.values():
+                    self._index(sub, base)
+            elif isinstance(v, (dict, list)):
+                self._index(v, base)
+
+    def _register(self, s: dict, parent: str, top: bool) -> str:
+        """Register the resource and anchors schema ``s`` declares; its base URI."""
         base = self.own_base(s, parent)
         url, frag = _urldefrag(base)
         if top:
@@ -70,23 +95,15 @@ class RefRegistry:
             a = s.get(akw)
             if isinstance(a, str):
                 self.anchors.setdefault(url + "#" + a, (s, parent))
-        for k, v in s.items():
-            if k in _DATA_KEYWORDS:
-                continue
-            if k in _NAME_MAPS and isinstance(v, dict):  # names -> schemas: a name is not a keyword
-                for sub in v.values():
-                    self._index(sub, base)
-            elif isinstance(v, (dict, list)):
-                self._index(v, base)
+        return base
 
     def resolve(self, ref: str, base: str, pointer: str):
         """``(target, base URI of the target's parent, display name)``."""
         if not isinstance(ref, str):
             raise InvalidSchemaError("$ref must be a string", pointer)
-        full = urljoin(base, ref)
-        url, frag = urldefrag(full)
+        full, url, frag = _ref_url(base, ref)
         if not url:
-            url = urldefrag(base)[0]
+            url = _urldefrag(base)[0]
         res = self.resources.get(url)
         if res is None:
             raise UnsupportedSchemaError(f"cannot resolve $ref {ref!r} (remote references are not fetched)",

@@ -7,6 +7,11 @@ counters; what they share is here, explicitly: the grammar being built and its E
 lexemes and string encodings, the options, the warnings of ``lenient`` mode, every :class:`Ref`
 made (so :meth:`CompileState.close` can unlink them), and the list that keeps memo-keyed objects
 alive (memo keys are ``id()`` s, which must stay unique while the compile runs).
+
+What depends only on the ExprSet lives with it, shared by every compile into it: the JSON
+lexemes, the string encodings (:class:`~.strings.Strings`), and memos by value of number and
+string tokens and of ``pattern``/``format`` expressions (each bounded by
+:data:`MAX_SHARED_TOKENS`: a hit returns the very expression a recomputation would build).
 """
 from __future__ import annotations
 
@@ -18,7 +23,18 @@ from .input import detect_draft
 from .ir import Ref
 from .strings import Strings
 
-__all__ = ["CompileState", "Stage"]
+__all__ = ["CompileState", "Stage", "remember", "MAX_SHARED_TOKENS"]
+
+#: entries of each token memo shared by the compiles of one ExprSet (number tokens, string
+#: tokens) before it starts over
+MAX_SHARED_TOKENS = 4096
+
+
+def remember(memo: dict, key, value) -> None:
+    """``memo[key] = value`` in a memo bounded by :data:`MAX_SHARED_TOKENS` (full: it starts over)."""
+    if len(memo) >= MAX_SHARED_TOKENS:
+        memo.clear()
+    memo[key] = value
 
 
 class CompileState:
@@ -35,6 +51,12 @@ class CompileState:
             shared["lx"] = JsonLexemes(self.ex)
             shared["strings"] = Strings(self.ex, shared["lx"])
         self.lx = shared["lx"]
+        # tokens of number and string constraints, by value: the same constraints come back in
+        # other schemas (and a token's expression depends on nothing else in the ExprSet)
+        self.number_tokens: dict = shared.setdefault("number_tokens", {})
+        self.string_tokens: dict = shared.setdefault("string_tokens", {})
+        # the decoded-string expressions of ``pattern`` and ``format`` values (-1: no format)
+        self.regexes: dict = shared.setdefault("regexes", {})
         self.strict = strict
         self.lenient = lenient
         self.indent = indent

@@ -349,7 +349,13 @@ class Strings:
         key = (s, full)
         r = self._lit.get(key)
         if r is None:
-            r = self._lit[key] = self.ex.concat(*[self._char_forms(ch, full) for ch in s])
+            ex = self.ex
+            if not full and s.isascii() and s.isprintable() and '"' not in s and "\\" not in s and "/" not in s:
+                # printable ASCII without a character that has an escape: spelled only raw
+                r = ex.concat(*ex.single_bytes(s.encode("ascii")))
+            else:
+                r = ex.concat(*[self._char_forms(ch, full) for ch in s])
+            self._lit[key] = r
         return r
 
     def _char_forms(self, ch: str, full: bool) -> int:

@@ -15,7 +15,7 @@ from .formats import INT_FORMATS, format_expr
 from .ir import ANY, NOTHING, ArrC, Conj, Node, NumC, ObjC, StrC, Typed, Union, arr_free, num_and, obj_free
 from .numeric import to_fraction
 from .refs import RefRegistry
-from .state import CompileState, Stage
+from .state import CompileState, Stage, remember
 
 __all__ = ["SchemaReader", "ALL_TYPES"]
 
@@ -37,7 +37,7 @@ def _escape_pointer(s: str) -> str:
 class SchemaReader(Stage):
     """Reads a schema document into IR nodes. Its own state: the ``$ref`` registry of the
     document, the IR of each (subschema, base URI) read so far, the Ref of each ``$ref`` target,
-    and compiled ``pattern``/``format`` regexes."""
+    and the compiled ``pattern``/``format`` regexes (shared by the compiles of the ExprSet)."""
 
     def __init__(self, st: CompileState, alg: Algebra):
         super().__init__(st)
@@ -47,7 +47,7 @@ class SchemaReader(Stage):
         self.ir_cache: dict = {}
         self.in_progress: set = set()
         self.ref_nodes: dict = {}
-        self.regex_cache: dict = {}
+        self.regex_cache: dict = st.regexes   # shared by the compiles of the ExprSet
         self.registry = RefRegistry(st.root, st.draft)
 
     def read(self) -> Node:
@@ -266,7 +266,7 @@ class SchemaReader(Stage):
             e = self.regex_cache.get(("format", fmt))
             if e is None:
                 e = format_expr(fmt, ex)
-                self.regex_cache[("format", fmt)] = e if e is not None else -1
+                remember(self.regex_cache, ("format", fmt), e if e is not None else -1)
             if e is not None and e != -1:
                 exprs.append(e)
         expr = ex.intersect(*exprs) if len(exprs) > 1 else (exprs[0] if exprs else None)
@@ -286,7 +286,7 @@ class SchemaReader(Stage):
             return None
         except RegexSyntaxError as err:
             raise InvalidSchemaError(f"invalid regex {p!r}: {err}", ptr) from None
-        self.regex_cache[key] = e
+        remember(self.regex_cache, key, e)
         return e
 
     def arr_c(self, s: dict, ptr: str, base: str) -> ArrC:
