@@ -472,6 +472,20 @@ def and_allowed(words, ok, need, conf):
         words[i] &= ok[i] | (need[i] & ~conf[i])
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _probe_bits(buf, end, probes, probe_len, f, b0, c_pos, c_bits, alt_lo, alt_hi, first, kind, mask, mn, mx, grp,
+                grp_lo, grp_hi, lit_lo, lit_hi, lit_masks, start, choice, reach, res):
+    """The boundaries with probe ``f`` after the candidate (``buf[:end]``): ``b0`` for the empty
+    probe, else the chain resumed from (``c_pos``, ``c_bits``) over the probe's codes."""
+    pl = probe_len[f]
+    if pl == 0:
+        return b0
+    for k in range(pl):
+        buf[end + k] = probes[f, k]
+    return _chain(buf, end + pl, c_pos, c_bits, 0, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi,
+                  lit_lo, lit_hi, lit_masks, start, choice, reach, res)
+
+
 @njit(nogil=True, cache=True)
 def _consistent(bs, below_r, jbits, bad):
     return (bs & below_r & ~jbits) == 0 and (bad & ~bs) == 0
@@ -522,14 +536,9 @@ def judge_all(region, jbits, bad, sigs, cand, cand_len, cand_tail, probes, probe
                     out[sg] = REJECT
                     continue
                 for f in range(f0, n_probes):
-                    pl = probe_len[f]
-                    if pl == 0:
-                        bs = b0
-                    else:
-                        for k in range(pl):
-                            buf[end + k] = probes[f, k]
-                        bs = _chain(buf, end + pl, c_pos, c_bits, 0, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo,
-                                    grp_hi, lit_lo, lit_hi, lit_masks, start, choice, reach, res)
+                    bs = _probe_bits(buf, end, probes, probe_len, f, b0, c_pos, c_bits, alt_lo, alt_hi, first, kind,
+                                     mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks, start, choice, reach,
+                                     res)
                     if _consistent(bs, below_r, jbits, bad) and (bs & inside) == 0:
                         verdict = NEED_PAIR
                         break
@@ -538,14 +547,8 @@ def judge_all(region, jbits, bad, sigs, cand, cand_len, cand_tail, probes, probe
         hi = end + (1 if tail else 0)
         inside_hi = ((one << hi) - 1) & ~((one << (r + 1)) - 1)
         for f in range(f0, n_probes):
-            pl = probe_len[f]
-            if pl == 0:
-                bs = b0
-            else:
-                for k in range(pl):
-                    buf[end + k] = probes[f, k]
-                bs = _chain(buf, end + pl, c_pos, c_bits, 0, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi,
-                            lit_lo, lit_hi, lit_masks, start, choice, reach, res)
+            bs = _probe_bits(buf, end, probes, probe_len, f, b0, c_pos, c_bits, alt_lo, alt_hi, first, kind, mask, mn,
+                             mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks, start, choice, reach, res)
             if not _consistent(bs, below_r, jbits, bad):
                 continue
             if (bs & inside_hi) != 0:
