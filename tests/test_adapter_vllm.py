@@ -93,6 +93,12 @@ def test_unconstrained_and_unsupported():
         gv.validate_spec(gv.GrammarSpec("structural_tag", '{"type": "structural_tag", "format": {}}'))
     with pytest.raises(InvalidRequestError, match="kind"):
         gv.GrammarSpec.from_dict({"kind": "lark", "value": "x"})
+    # options the adapter cannot honour are refused, never silently dropped
+    with pytest.raises(gv.VLLMUnsupportedError, match="canonical"):
+        gv.GrammarSpec.from_dict({"kind": "regex", "value": "a+", "canonical": True})
+    with pytest.raises(InvalidRequestError, match="unknown fields: strict"):
+        gv.GrammarSpec.from_dict({"kind": "regex", "value": "a+", "strict": True})
+    assert gv.GrammarSpec.from_dict({"kind": "regex", "value": "a+", "canonical": False}).kind == "regex"
 
 
 def test_take_over_moves_the_spec_to_extra_args():

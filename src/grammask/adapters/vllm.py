@@ -63,7 +63,9 @@ new structural-tag format (``{"type": "structural_tag", "format": ...}``; the le
 ``structures``/``triggers`` form is supported), ``disable_additional_properties``, structured
 output inside reasoning (``--reasoning-parser``: vLLM's reasoning gate lives in its
 ``StructuredOutputManager``, which we bypass, so the grammar applies from the first output token),
-Mistral (``tekken``) tokenizers and tokenizers without a Hugging Face vocabulary. A grammar that
+Mistral (``tekken``) tokenizers and tokenizers without a Hugging Face vocabulary, canonical
+tokenization (``extra_args.grammask.canonical``: the frontend, where requests are checked, does
+not hold the model tokenizer's canonical structure). A grammar that
 fails to compile in the worker (it was checked in the frontend, so only on resource bounds) is
 logged and its request is allowed stop tokens only.
 
@@ -141,6 +143,14 @@ class GrammarSpec:
         ws = d.get("whitespace", "flexible")
         if not isinstance(ws, str):
             raise InvalidRequestError("extra_args.grammask.whitespace must be a string", "extra_args.grammask.whitespace")
+        if d.get("canonical"):
+            # the worker's matchers would need the model tokenizer's canonical structure, which the
+            # frontend (where requests are checked) does not have: refused, never silently plain
+            raise VLLMUnsupportedError("canonical tokenization (canonical=True)", "extra_args.grammask.canonical")
+        unknown = sorted(set(d) - {"kind", "value", "whitespace", "canonical"})
+        if unknown:
+            raise InvalidRequestError(f"extra_args.grammask has unknown fields: {', '.join(unknown)}",
+                                      "extra_args.grammask")
         return cls(kind, value, ws)
 
 
