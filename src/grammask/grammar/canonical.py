@@ -376,12 +376,25 @@ class CanonicalTokenizer:
         tv[self._plain_ids] = v[self.sig_of[self._plain_ids]]
         ok = _pack(tv == OK, self.n_words)
         need = _pack(tv == NEED_PAIR, self.n_words)
-        with self._lock:
-            self.stats["region_misses"] += 1
-            self._verdicts[key] = (ok, need)
-            while len(self._verdicts) > self.max_cached_regions:
-                self._verdicts.popitem(last=False)
+        self._lru_put(self._verdicts, key, (ok, need), self.max_cached_regions, "region_misses")
         return ok, need
+
+    def _lru_get(self, table, key, stat: str):
+        """``table[key]`` (an LRU ``OrderedDict``: marked recently used, ``stat`` counted) or None."""
+        with self._lock:
+            hit = table.get(key)
+            if hit is not None:
+                table.move_to_end(key)
+                self.stats[stat] += 1
+            return hit
+
+    def _lru_put(self, table, key, value, limit: int, stat: str) -> None:
+        """Store ``value`` in the LRU ``table`` (oldest entries dropped past ``limit``; ``stat`` counted)."""
+        with self._lock:
+            self.stats[stat] += 1
+            table[key] = value
+            while len(table) > limit:
+                table.popitem(last=False)
 
     @functools.cached_property
     def token_of_bytes(self) -> dict:
@@ -407,12 +420,7 @@ class CanonicalTokenizer:
         return out
 
     def cached_region_words(self, key: tuple):
-        with self._lock:
-            hit = self._verdicts.get(key)
-            if hit is not None:
-                self._verdicts.move_to_end(key)
-                self.stats["region_hits"] += 1
-            return hit
+        return self._lru_get(self._verdicts, key, "region_hits")
 
     def sig_verdicts(self, key: tuple, sigs=None) -> np.ndarray:
         """Verdict per signature for the region ``key`` (-1: not computed yet); computes those of
@@ -479,18 +487,11 @@ class CanonicalTokenizer:
         return [int(b) for b in out]
 
     def conflict_words(self, a: int) -> np.ndarray:
-        with self._lock:
-            hit = self._conflicts.get(a)
-            if hit is not None:
-                self._conflicts.move_to_end(a)
-                self.stats["conflict_hits"] += 1
-                return hit
+        hit = self._lru_get(self._conflicts, a, "conflict_hits")
+        if hit is not None:
+            return hit
         w = self.bpe.conflict_words(a, self.n_words)
-        with self._lock:
-            self.stats["conflict_misses"] += 1
-            self._conflicts[a] = w
-            while len(self._conflicts) > self.max_cached_conflicts:
-                self._conflicts.popitem(last=False)
+        self._lru_put(self._conflicts, a, w, self.max_cached_conflicts, "conflict_misses")
         return w
 
 
