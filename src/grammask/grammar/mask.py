@@ -31,8 +31,15 @@ CHAIN_NODES = 512
 
 #: a matcher's buffers for :func:`fill_mask`: lexer state and height per trie depth
 #: (``ls_st``, ``h_st``), the tokens found (``found``, one slot per trie token), the stop tokens
-#: and the subtrees the walk asks the state cache to keep (``req``: count, then (state, node) pairs)
-WalkBuffers = namedtuple("WalkBuffers", "ls_st h_st found stop_ids req")
+#: the subtrees the walk asks the state cache to keep (``req``: count, then (state, node) pairs)
+#: and the walk's work stack (``stack``, :func:`walk_stack`)
+WalkBuffers = namedtuple("WalkBuffers", "ls_st h_st found stop_ids req stack")
+
+
+def walk_stack(depth: int, n_segments: int) -> np.ndarray:
+    """The work stack of :func:`_walk_dfs` (``WalkBuffers.stack``): the forest's ranges, then at
+    most two items (a continuation and a child) per trie depth."""
+    return np.empty((4 * depth + 2 * n_segments + 9, 6), np.int64)
 
 
 @njit(nogil=True, cache=True)
@@ -365,11 +372,6 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
 
 
 @njit(nogil=True, cache=True)
-def _new_stack(W, n_ranges):
-    return np.empty((4 * W.ls_st.shape[0] + n_ranges + 8, 6), np.int64)
-
-
-@njit(nogil=True, cache=True)
 def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S):
     """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
     rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
@@ -383,7 +385,7 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S):
     n_seg = seg_start.shape[0]
     # the ranges walked: the segments not skipped and the nodes between segments, pushed last
     # first (each sets the start state at depth 0: the items before it may have changed it)
-    stack = _new_stack(W, 2 * n_seg + 1)
+    stack = W.stack
     sp = 0
     i = n
     seg = n_seg - 1
@@ -475,7 +477,7 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words):
     cached tokens as they are, one parser step per group of lexeme ends, and below the groups the
     parser allows, nested entries or the subtrees walked as the full walk would. The same row as
     :func:`fill_mask`."""
-    stack = _new_stack(W, 0)
+    stack = W.stack
     sp = _push(stack, 0, _ENTRY, -1, 0, -1, h0, -2)
     W.req[0] = 0
     st, nf = _walk_dfs(stack, sp, C.grp_state, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,

@@ -15,7 +15,7 @@ from ..errors import MatcherError
 from .compiled import CompiledGrammar
 from .earley import OK
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
-                   jump_forward)
+                   jump_forward, walk_stack)
 from .utf8 import utf8_prefix
 
 _fill_mask = FastCall(fill_mask)
@@ -51,7 +51,8 @@ class GrammarMatcher:
             ls_st=np.zeros(depth, np.int32), h_st=np.zeros(depth, np.int32),
             found=np.empty(compiled.forest.trie.n_tokens + 1, np.int32),  # written before read
             stop_ids=np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32),
-            req=np.zeros(1 + 2 * 64, np.int64))
+            req=np.zeros(1 + 2 * 64, np.int64),
+            stack=walk_stack(depth, compiled.forest.arrays.seg_start.shape[0]))
         self._out = np.zeros(2, np.int32)
         #: the longest token's bytes: what one mask's walk reads at most (see Lexer.walk_state)
         self._walk_bytes = int(compiled.forest.trie.max_depth)
@@ -86,7 +87,8 @@ class GrammarMatcher:
         new._stack = self._stack.copy()
         new._M = self.compiled.new_missing(self.compiled.flat.n_lexemes)
         w = self._walk
-        new._walk = WalkBuffers(w.ls_st.copy(), w.h_st.copy(), w.found.copy(), w.stop_ids, w.req.copy())
+        new._walk = WalkBuffers(w.ls_st.copy(), w.h_st.copy(), w.found.copy(), w.stop_ids, w.req.copy(),
+                                np.empty_like(w.stack))
         new._out = self._out.copy()
         new._ok = self._ok.copy()
         new._history = deque(self._history, maxlen=self._history.maxlen)
