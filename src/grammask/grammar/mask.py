@@ -401,7 +401,8 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S):
         i = lo
     W.req[0] = 0
     e32 = F.dup_first[:0]
-    return _walk_dfs(stack, sp, e32, e32, seg_start[:0].astype(np.int64), e32, F, G, L, P, M, W, S,
+    # no root entry: empty group arrays (views, nothing allocated)
+    return _walk_dfs(stack, sp, e32, e32, W.req[:0], e32, F, G, L, P, M, W, S,
                      row_top(P, h0))
 
 
