@@ -36,6 +36,8 @@ INF = -1
 MAX_PREFIX_CACHE = 2_000_000
 #: entries of the memo of re-nested concatenations (see ExprSet._concat2) before it starts over
 MAX_CHAIN_MEMO = 1 << 15
+#: entries of ExprSet.counted_need_bound's memo before it starts over
+MAX_NEED_MEMO = 200_000
 
 
 def _lowbit(mask: int) -> int:
@@ -115,6 +117,10 @@ class ExprSet:
         # (x << 32 | s) << 32 | r -> an upper bound of the factors of r to begin from the pair
         # (x, s) to a word of x & s r*, or -1 where there is none (see _alive_counted)
         self._counted_memo: dict[int, int] = {}
+        # (x << 32 | s) << 32 | r -> a bound of the factors needed from every pair reachable
+        # from (x, s) (see counted_need_bound), or -1 where the exploration was refused
+        self._need_memo: dict[int, int] = {}
+        self._within: dict[int, bool] = {}   # (x << 32 | p) << 32 | r -> within_star
         # a << 32 | b -> concat(a, b) for a concatenation a: re-nesting walks all of a, and the
         # same pairs come back (object keys with their quotes and colon, quoted string literals)
         self._chain_memo: dict[int, int] = {}
@@ -805,6 +811,89 @@ class ExprSet:
                     else:
                         q.appendleft(t)
         return False
+
+    def within_star(self, x: int, p: int, r: int) -> bool:
+        """Whether every word of ``x`` is a word of ``p r*`` (an exploration of
+        ``x & ~(p r*)``, bounded by :attr:`max_alive_states`: False past it). Memoised through
+        :meth:`alive`; the derivatives of one pattern share their explorations."""
+        key = (x << 32 | p) << 32 | r
+        got = self._within.get(key)
+        if got is None:
+            try:
+                got = not self.alive(self.intersect(x, self.complement(self.concat(p, self.star(r)))))
+            except GrammarTooComplexError:
+                got = False
+            if len(self._within) > MAX_NEED_MEMO:
+                self._within.clear()
+            self._within[key] = got
+        return got
+
+    def counted_need_bound(self, x: int, p: int, r: int, max_pairs: int | None = None) -> int | None:
+        """An upper bound ``F`` of the factors of ``r`` that a word of ``x' & s r*`` needs, over
+        every pair ``(x', s)`` reachable from ``(x, p)`` that has a word at all (None: more than
+        ``max_pairs`` pairs, by default :attr:`max_alive_states`).
+
+        What makes a counter under an intersection safe to cap (:func:`.slicer.capped`): from
+        ``x & p r{0,hi}``, after any string, each part of the derivative is ``x' & s r{0,h}`` for
+        a reachable pair, alive exactly when the least number of factors to a word of the pair is
+        at most ``h``; a count left of at least ``F`` therefore decides nothing more than a larger
+        one. The pairs are explored once (forward over :meth:`_counted_moves`, then the least
+        factors backwards, 0-1 breadth first from the pairs with both parts nullable), and every
+        pair explored keeps the bound of its first exploration, which also bounds its own
+        successors."""
+        from collections import deque
+
+        memo = self._need_memo
+        start = x << 32 | p
+        got = memo.get(start << 32 | r)
+        if got is not None:
+            return None if got < 0 else got
+        limit = self.max_alive_states if max_pairs is None else max_pairs
+        nullable = self._nullable
+        index = {start: 0}
+        pairs = [start]
+        redges: list[list[tuple[int, int]]] = [[]]   # target -> [(source, factors)]
+        i = 0
+        while i < len(pairs):
+            k = pairs[i]
+            for new in ((False, True) if nullable[k & 0xFFFFFFFF] else (False,)):
+                for t in self._counted_moves(k, r, new):
+                    j = index.get(t)
+                    if j is None:
+                        if len(pairs) >= limit:
+                            memo[start << 32 | r] = -1
+                            return None
+                        j = index[t] = len(pairs)
+                        pairs.append(t)
+                        redges.append([])
+                    redges[j].append((i, int(new)))
+            i += 1
+        inf = len(pairs) + 1
+        need = [inf] * len(pairs)
+        q = deque()
+        for j, k in enumerate(pairs):
+            if nullable[k >> 32] and nullable[k & 0xFFFFFFFF]:
+                need[j] = 0
+                q.append(j)
+        while q:
+            j = q.popleft()
+            d = need[j]
+            for src, c in redges[j]:
+                if d + c < need[src]:
+                    need[src] = d + c
+                    if c:
+                        q.append(src)
+                    else:
+                        q.appendleft(src)
+        bound = max([d for d in need if d < inf], default=0)
+        for k in pairs:
+            # the first bound stays: the walk states of one string then all get the same cap
+            # (a tighter bound per pair would give every position its own)
+            memo.setdefault(k << 32 | r, bound)
+        if len(memo) > MAX_NEED_MEMO:
+            memo.clear()
+            memo[start << 32 | r] = bound
+        return bound
 
     def _repeat_covers(self, s: int, u: int) -> bool:
         """A sufficient structural test for :meth:`prefixes_contain`: ``s`` is ``C{a,b}`` (or

