@@ -24,6 +24,11 @@ from ..errors import CanonicalTokenizationError
 from .vocab import bytes_to_unicode
 
 
+#: the split of ``tokenizers``' ``ByteLevel(use_regex=True)`` pre-tokenizer (GPT-2's pattern; the
+#: ``tokenizers`` crate splits with it, isolated): such a pre-tokenizer alone is this one regex
+GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+
+
 @dataclass
 class CanonicalSpec:
     rules: np.ndarray                 # int64 [n, 4]: left id, right id, rank, merged id
@@ -122,6 +127,8 @@ def spec_from_tokenizers_json(cfg: dict, token_bytes: list[bytes]) -> CanonicalS
     if len(steps) == 1 and steps[0].get("type") == "Split" and "Regex" in steps[0].get("pattern", {}) \
             and steps[0].get("behavior", "").lower() == "isolated":
         split = steps[0]["pattern"]["Regex"]
+    elif len(steps) == 1 and steps[0].get("type") == "ByteLevel":
+        split = GPT2_SPLIT   # use_regex (the others were dropped above): GPT-2, SmolLM2
     return CanonicalSpec(np.array(rules, np.int64).reshape(-1, 4), pre,
                          whole_piece_rule=bool(model.get("ignore_merges")), kind="bpe", split_pattern=split)
 

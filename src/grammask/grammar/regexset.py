@@ -860,7 +860,11 @@ class ExprSet:
                 for t in self._counted_moves(k, r, new):
                     j = index.get(t)
                     if j is None:
-                        if len(pairs) >= limit:
+                        if len(pairs) >= limit or memo.get(t << 32 | r) == -1:
+                            # refused: so are the pairs met, and a later exploration that meets
+                            # one of them (the next positions of the same string) stops there
+                            for k2 in pairs:
+                                memo.setdefault(k2 << 32 | r, -1)
                             memo[start << 32 | r] = -1
                             return None
                         j = index[t] = len(pairs)
