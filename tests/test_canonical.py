@@ -405,6 +405,42 @@ def test_compiled_verdicts_equal_the_python_judge(small_split):
 
 
 
+@pytest.mark.parametrize("which", ["small", "digits", "digit-runs", "smollm2"])
+def test_byte_level_pre_tokenizer_takes_the_compiled_path(which):
+    """``ByteLevel(use_regex=True)`` alone is GPT-2's split (``GPT2_SPLIT``), and behind
+    ``Digits`` (SmolLM2) one regex too (``digits_then_gpt2``): the compiled judge serves them, and
+    their boundaries are those of the tokenizer's own pre-tokenizer on every representative string
+    up to 3 characters (``1`` is the digits' class) and on random longer ones."""
+    import itertools
+
+    from tokenizers import pre_tokenizers
+
+    from grammask.grammar.canonical_spec import GPT2_SPLIT, digits_then_gpt2
+    from grammask.grammar.canonical_split import SIGMA, boundaries_bits
+
+    if which == "smollm2":
+        info, tok, _ = _smollm()
+        pattern = digits_then_gpt2(True)
+    else:
+        tok = Tokenizer.from_str(bytelevel_tokenizer().to_str())   # a copy: the trained one is shared
+        pattern = GPT2_SPLIT
+        if which != "small":
+            tok.pre_tokenizer = pre_tokenizers.Sequence([
+                pre_tokenizers.Digits(individual_digits=which == "digits"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False)])
+            pattern = digits_then_gpt2(which == "digits")
+        info = TokenizerInfo.from_huggingface(tok, disk_cache=False)
+    ct = canonical_tokenizer(info)
+    assert ct._prog is not None and ct._split.pattern == pattern
+    rng = random.Random(11)
+    strings = ["".join(t) for k in range(1, 4) for t in itertools.product(SIGMA, repeat=k)]
+    strings += ["".join(rng.choice(SIGMA) for _ in range(rng.randint(4, 40))) for _ in range(3000)]
+    for s in strings:
+        want = {p for _, span in tok.pre_tokenizer.pre_tokenize_str(s) for p in span} - {0}
+        bits = boundaries_bits(ct._prog, s)
+        assert {p for p in range(bits.bit_length()) if bits >> p & 1} == want, repr(s)
+
+
 def test_each_step_matches_the_oracle_with_a_split_pre_tokenizer(small_split, monkeypatch):
     _each_step(small_split[0], small_split[2], monkeypatch, per_step=None, walks=4, steps=12, min_checked=3000,
                min_blocked=100)

@@ -29,6 +29,18 @@ from .vocab import bytes_to_unicode
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 
 
+def digits_then_gpt2(individual: bool) -> str:
+    r"""One regex for ``Sequence([Digits(individual_digits), ByteLevel(use_regex=True)])``
+    (SmolLM2): digits (each one, or each run) are pieces of their own, and GPT-2's pattern runs on
+    the text between them, each piece's end being an end of text. Written over the whole text: a
+    digit alternative first; no other alternative consumes a digit (` ?\p{N}+` goes: a space
+    before a digit ends its piece); and ``\s+(?!\S)`` becomes ``\s+(?![^\s\p{N}])``, as a
+    digit after the spaces is where their piece ends. tests/test_canonical.py compares it with the
+    pre-tokenizer itself."""
+    digit = r"\p{N}" if individual else r"\p{N}+"
+    return (digit + r"|'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?[^\s\p{L}\p{N}]+|\s+(?![^\s\p{N}])|\s+")
+
+
 @dataclass
 class CanonicalSpec:
     rules: np.ndarray                 # int64 [n, 4]: left id, right id, rank, merged id
@@ -128,7 +140,9 @@ def spec_from_tokenizers_json(cfg: dict, token_bytes: list[bytes]) -> CanonicalS
             and steps[0].get("behavior", "").lower() == "isolated":
         split = steps[0]["pattern"]["Regex"]
     elif len(steps) == 1 and steps[0].get("type") == "ByteLevel":
-        split = GPT2_SPLIT   # use_regex (the others were dropped above): GPT-2, SmolLM2
+        split = GPT2_SPLIT   # use_regex (the others were dropped above): GPT-2
+    elif [x.get("type") for x in steps] == ["Digits", "ByteLevel"]:
+        split = digits_then_gpt2(bool(steps[0].get("individual_digits")))   # SmolLM2
     return CanonicalSpec(np.array(rules, np.int64).reshape(-1, 4), pre,
                          whole_piece_rule=bool(model.get("ignore_merges")), kind="bpe", split_pattern=split)
 
