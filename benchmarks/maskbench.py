@@ -597,10 +597,14 @@ def main(argv=None) -> None:
     ap.add_argument("--ids", default=None,
                     help="comma-separated schema ids to run (instead of --every; own RESULTS.md section)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
+    ap.add_argument("--section", default=None,
+                    help="with --ids: the RESULTS.md section's name, 'maskbench.py (NAME)' (default: selected schemas)")
     ap.add_argument("--plot", default=None,
                     help="PNG path (default benchmarks/maskbench_tbm.png, or maskbench_tbm_1inN.png for --every N)")
     args = ap.parse_args(argv)
     suffix = "" if args.every == 1 else f"_1in{args.every}"
+    if args.ids:
+        suffix = "_selected"   # never the full data's plot
     if args.plot is None:
         args.plot = str(Path(__file__).resolve().parent / f"maskbench_tbm{suffix}.png")
     # the full data and each sample keep their own section of RESULTS.md
@@ -608,7 +612,7 @@ def main(argv=None) -> None:
     ids = set(args.ids.split(",")) if args.ids else None
     if ids:
         args.every = 1
-        section = "maskbench.py (selected schemas)"
+        section = f"maskbench.py ({args.section or 'selected schemas'})"
     engines = [e for e in args.engines.split(",") if e]
     for e in engines:
         if e not in ENGINE_CLASSES:
