@@ -230,13 +230,10 @@ class GrammarMatcher:
         skip, combo, _visits, cache = mc.entry(s)
         w = self._walk
         if cache is not None:
-            comp.run(_fill_mask_cached, self._stack, self._M,
-                     (comp.forest.arrays, combo, cache, s, self._h, self._lex_len),
-                     (w, mc.store, words[:n_words]), _FILL_ERROR, lexer)
+            fn, head = _fill_mask_cached, (comp.forest.arrays, combo, cache, s, self._h, self._lex_len)
         else:
-            comp.run(_fill_mask, self._stack, self._M,
-                     (comp.forest.arrays, skip, s, self._h, self._lex_len), (w, mc.store, words[:n_words]),
-                     _FILL_ERROR, lexer)
+            fn, head = _fill_mask, (comp.forest.arrays, skip, s, self._h, self._lex_len)
+        comp.run(fn, self._stack, self._M, head, (w, mc.store, words[:n_words]), _FILL_ERROR, lexer)
         if w.req[0]:
             mc.requested(w.req)
         if self._canon is not None:

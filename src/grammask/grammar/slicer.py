@@ -358,8 +358,7 @@ def _capped_into(ex: ExprSet, e: int, n: int, keep_and: bool, done: dict) -> int
         elif k == REPEAT:
             a, lo, hi = ex.args[x]
             a2 = done[a]
-            m = ex.min_length(a)
-            cap = max(lo, n // int(m) + 1 if 1 <= m < INF_FLOAT else n + 1)
+            cap = max(lo, _begun_within(ex, a, n))
             hi2 = cap if hi != INF and hi > cap else hi
             v = x if (a2 == a and hi2 == hi) else ex.repeat(a2, lo, hi2)
         else:
@@ -408,8 +407,7 @@ def _capped_counted_and(ex: ExprSet, e: int, n: int, done: dict) -> int:
     if best is None:
         return e
     c, (p, r, _lo, hi) = best
-    m = ex.min_length(r)
-    f = n // int(m) + 1 if 1 <= m < INF_FLOAT else n + 1
+    f = _begun_within(ex, r, n)
     if hi <= f + 1:
         return e
     x = ex.intersect(*[y for y in args if y != c])
@@ -418,14 +416,22 @@ def _capped_counted_and(ex: ExprSet, e: int, n: int, done: dict) -> int:
         # past any useful bound (Github_medium---o6230: 20,000 pairs and 0.4 s, refused)
         return e
     x2 = _capped_into(ex, x, n, True, done)
-    if ex.within_star(x2, p, r):
-        need = ex.counted_need_bound(x2, p, r, MAX_NEED_PAIRS)
+    # x capped where its words are within p r*, then x whole (the length counter alone)
+    tries = [x2] if ex.within_star(x2, p, r) else []
+    if x not in tries:
+        tries.append(x)
+    for y in tries:
+        need = ex.counted_need_bound(y, p, r, MAX_NEED_PAIRS)
         if need is not None and hi > f + need + 1:
-            return ex.intersect(x2, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
-    need = ex.counted_need_bound(x, p, r, MAX_NEED_PAIRS)
-    if need is None or hi <= f + need + 1:
-        return e
-    return ex.intersect(x, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
+            return ex.intersect(y, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
+    return e
+
+
+def _begun_within(ex: ExprSet, x: int, n: int) -> int:
+    """How many iterations of ``x`` a string of ``n`` bytes can begin: ``n // minlen(x)`` whole
+    ones and part of one more (``n + 1`` for an ``x`` with empty or no words)."""
+    m = ex.min_length(x)
+    return n // int(m) + 1 if 1 <= m < INF_FLOAT else n + 1
 
 
 def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,

@@ -39,6 +39,7 @@ import numpy as np
 from numba import njit
 
 from .earley import MISSING, OK
+from .lexer import _grown
 from .mask import FastCall, NestedStore, StateCache, _nested_slot
 
 #: a state is cached on this visit (the first visit of most states is also their last)
@@ -194,15 +195,6 @@ _build_entry = FastCall(build_entry)
 _build_nested = FastCall(build_nested)
 
 
-def _grown(a: np.ndarray, need: int, used: int, fill=0) -> np.ndarray:
-    cap = a.shape[0]
-    while cap < need:
-        cap *= 2
-    b = np.full(cap, fill, a.dtype)
-    b[:used] = a[:used]
-    return b
-
-
 class StateMaskCache:
     """The state cache of one lexer generation (see the module docstring). :meth:`entry` is
     called once per mask with the matcher's lexer state."""
@@ -279,7 +271,7 @@ class StateMaskCache:
             if S.keys[_nested_slot(S.keys, t, i)] != -1:
                 return
             st, toks, gs, gb, go, nodes = _build_nested(F, t, i, L.trans, L.state_acc, *self._scratch_arrays(F))
-            if st != 0:
+            if st != OK:
                 return
             ne, nt, ng, nn = self._n
             nt2, ng2, nn2 = nt + toks.shape[0], ng + gs.shape[0], nn + nodes.shape[0]
