@@ -171,7 +171,7 @@ def test_word_count_strings_share_walk_states_llama3(llama3, monkeypatch):
     walks, inside = set(), 0
     for step, t in enumerate(ids):
         assert np.array_equal(_mask(a), _mask(b)), f"step {step} before {tk.decode([t])!r}"
-        w = walk_g.lexer.walk_state(a._s, a._walk_bytes)
+        w = walk_g.lexer.walk_state(a._s, a._reach)
         if w != a._s:
             walks.add(w)
             inside += 1

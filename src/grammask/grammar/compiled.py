@@ -70,6 +70,13 @@ class CompiledGrammar:
         return self._forest
 
     @property
+    def reach(self):
+        """What one mask's walk can read of a counter (:class:`.TokenReach`, per tokenizer)."""
+        from .reach import token_reach
+
+        return token_reach(self.tokenizer_info)
+
+    @property
     def slicer(self):
         """The slice checker of the current lexer generation."""
         return self.slicer_of(self.lexer)

@@ -620,15 +620,17 @@ class Lexer:
             return self._intern(m)
 
     # ---------------------------------------------------------------- walk states
-    def walk_state(self, s: int, n: int) -> int:
-        """A state that reads every string of at most ``n`` bytes as ``s`` does (the same
-        prefixes alive, the same lexemes accepted after each): ``s`` with every counted
-        repetition its members cannot finish within ``n`` bytes capped, outside intersections and
-        complements (:func:`.slicer.capped` with ``keep_and``; ``s`` itself when nothing is
-        capped). A mask reads at most ``n`` bytes per token (the
-        longest token), so it may walk from this state instead: the states of a long string
+    def walk_state(self, s: int, reach) -> int:
+        """A state that reads every token as ``s`` does (the same prefixes alive, the same
+        lexemes accepted after each): ``s`` with every counted repetition its members cannot
+        finish within one token capped, outside complements and all but one shape of
+        intersections (:func:`.slicer.capped` with ``keep_and``; ``s`` itself when nothing is
+        capped). ``reach``: the tokenizer's :class:`.TokenReach` (how many iterations of a body
+        one token can begin), or an int ``n``, any string of at most ``n`` bytes. A mask reads
+        one token, so it may walk from this state instead: the states of a long string
         (``maxLength: 255``, a new lexer state per character) share their walk states, and so
-        their expansions, slice proofs and state cache entries. Memoised per state."""
+        their expansions, slice proofs and state cache entries. Memoised per state (a lexer
+        serves one tokenizer; an int ``n`` is for tests)."""
         twins = self._twins
         r = twins.get(s)
         if r is not None:
@@ -638,7 +640,8 @@ class Lexer:
         with self.lock, self.counting():
             members = self.state_members(s)
             ex = self.exprs
-            new = tuple(sorted([(lx, capped(ex, e, n, keep_and=True)) for lx, e in members]))
+            n, rc = (reach, None) if isinstance(reach, int) else (reach.n, reach)
+            new = tuple(sorted([(lx, capped(ex, e, n, True, rc)) for lx, e in members]))
             if new == tuple(sorted(members)):
                 r = s
             elif self.eager:

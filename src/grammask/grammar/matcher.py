@@ -54,8 +54,8 @@ class GrammarMatcher:
             req=np.zeros(1 + 2 * 64, np.int64),
             stack=walk_stack(depth, compiled.forest.arrays.seg_start.shape[0]))
         self._out = np.zeros(2, np.int32)
-        #: the longest token's bytes: what one mask's walk reads at most (see Lexer.walk_state)
-        self._walk_bytes = int(compiled.forest.trie.max_depth)
+        #: what one mask's walk can read: a prefix of a token (see Lexer.walk_state)
+        self._reach = compiled.reach
         self._ok = np.zeros(256, np.uint8)
         self._special = np.zeros(0, np.int64)
         # canonical=True (or a CanonicalTokenizer): only canonical token sequences (canonical.py)
@@ -225,7 +225,7 @@ class GrammarMatcher:
         lexer = self._lexer
         # the walk reads one token: from a state that reads every token as ours does (far
         # counters capped, so the positions of a long string share it)
-        s = lexer.walk_state(self._s, self._walk_bytes)
+        s = lexer.walk_state(self._s, self._reach)
         mc = comp.mask_cache_of(lexer)
         skip, combo, _visits, cache = mc.entry(s)
         w = self._walk

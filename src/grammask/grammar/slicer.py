@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from .regex import parse_regex
+from .reach import TokenReach, begun_within
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet
 from .toktrie import TokTrie
 
@@ -315,7 +316,7 @@ def max_length(ex: ExprSet, e: int) -> int:
     return memo[e]
 
 
-def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False) -> int:
+def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False, reach: TokenReach | None = None) -> int:
     """``e`` with every counted repetition ``x{lo,hi}`` whose ``hi`` (finite) exceeds
     ``c = max(lo, n // minlen(x) + 1)`` made ``x{lo,c}`` (a string of ``n`` bytes reads at most
     ``n // minlen(x)`` whole iterations of ``x`` and part of one more), except under complements:
@@ -328,19 +329,29 @@ def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False) -> int:
     the prefix used plus one. Under an intersection that is not so (capping ``.{1,65536}`` in
     ``uri & .{1,65536}`` leaves no room to complete ``[``), except for the one case proven by
     :func:`_capped_counted_and`: a count left of at least what any reachable state of the
-    intersection can need. What :meth:`.Lexer.walk_state` uses."""
+    intersection can need. What :meth:`.Lexer.walk_state` uses.
+
+    ``reach`` (a tokenizer's :class:`.TokenReach`, its ``n`` the longest token): the strings are
+    the prefixes of its tokens only, and a counter is capped past the iterations of its body
+    that one token can begin (:meth:`.TokenReach.begun`), where ``n // minlen(x) + 1`` bounds
+    them for any string. The arguments above hold as they are: they count only the iterations
+    that the strings begin."""
     # one memo per ``n`` of every sub-expression's capped form: the states of a lexer share most
     # of their sub-expressions, so each new state caps only what is new in it
-    done = ex.__dict__.setdefault("_capped", {}).setdefault((n, keep_and), {})
+    if reach is not None:
+        n = reach.n
+    key = (n, keep_and) if reach is None else (reach.key, keep_and)
+    done = ex.__dict__.setdefault("_capped", {}).setdefault(key, {})
     r = done.get(e)
     if r is not None:
         return r
     if len(done) > MAX_CAPPED_MEMO:
         done.clear()
-    return _capped_into(ex, e, n, keep_and, done)
+    begun = (lambda x: begun_within(ex, x, n)) if reach is None else (lambda x: reach.begun(ex, x))
+    return _capped_into(ex, e, begun, keep_and, done)
 
 
-def _capped_into(ex: ExprSet, e: int, n: int, keep_and: bool, done: dict) -> int:
+def _capped_into(ex: ExprSet, e: int, begun, keep_and: bool, done: dict) -> int:
     """:func:`capped` into its memo ``done`` (never cleared here: a caller may be in the middle
     of its own post order)."""
     r = done.get(e)
@@ -354,12 +365,14 @@ def _capped_into(ex: ExprSet, e: int, n: int, keep_and: bool, done: dict) -> int
         if k in (EMPTY, EPS, BYTES, NOT):
             v = x
         elif keep_and and k == AND:
-            v = _capped_counted_and(ex, x, n, done)
+            v = _capped_counted_and(ex, x, begun, done)
         elif k == REPEAT:
             a, lo, hi = ex.args[x]
             a2 = done[a]
-            cap = max(lo, _begun_within(ex, a, n))
-            hi2 = cap if hi != INF and hi > cap else hi
+            hi2 = hi
+            if hi != INF and hi > max(lo, 1):
+                cap = max(lo, begun(a))
+                hi2 = cap if hi > cap else hi
             v = x if (a2 == a and hi2 == hi) else ex.repeat(a2, lo, hi2)
         else:
             args = ex.args[x]
@@ -376,7 +389,7 @@ def _capped_into(ex: ExprSet, e: int, n: int, keep_and: bool, done: dict) -> int
     return done[e]
 
 
-def _capped_counted_and(ex: ExprSet, e: int, n: int, done: dict) -> int:
+def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     """The intersection ``e = x & p r{0,hi}`` (a ``maxLength`` over a pattern or format, once
     ``minLength`` is reached) with ``hi`` lowered to ``f + F + 1`` when larger, where ``f`` bounds
     the factors of ``r`` that ``n`` bytes begin and ``F`` the factors that any pair reachable
@@ -407,7 +420,7 @@ def _capped_counted_and(ex: ExprSet, e: int, n: int, done: dict) -> int:
     if best is None:
         return e
     c, (p, r, _lo, hi) = best
-    f = _begun_within(ex, r, n)
+    f = begun(r)
     if hi <= f + 1:
         return e
     x = ex.intersect(*[y for y in args if y != c])
@@ -415,7 +428,7 @@ def _capped_counted_and(ex: ExprSet, e: int, n: int, done: dict) -> int:
         # formats built with intersections and complements (email, uri): their pair graphs run
         # past any useful bound (Github_medium---o6230: 20,000 pairs and 0.4 s, refused)
         return e
-    x2 = _capped_into(ex, x, n, True, done)
+    x2 = _capped_into(ex, x, begun, True, done)
     # x capped where its words are within p r*, then x whole (the length counter alone)
     tries = [x2] if ex.within_star(x2, p, r) else []
     if x not in tries:
@@ -425,13 +438,6 @@ def _capped_counted_and(ex: ExprSet, e: int, n: int, done: dict) -> int:
         if need is not None and hi > f + need + 1:
             return ex.intersect(y, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
     return e
-
-
-def _begun_within(ex: ExprSet, x: int, n: int) -> int:
-    """How many iterations of ``x`` a string of ``n`` bytes can begin: ``n // minlen(x)`` whole
-    ones and part of one more (``n + 1`` for an ``x`` with empty or no words)."""
-    m = ex.min_length(x)
-    return n // int(m) + 1 if 1 <= m < INF_FLOAT else n + 1
 
 
 def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,

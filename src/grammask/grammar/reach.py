@@ -1,0 +1,171 @@
+"""How far one token reaches into a repetition: what a mask's walk can read of a counter.
+
+A mask reads one token from a lexer state. So a counted repetition ``a{lo,hi}`` whose count one
+token cannot exhaust reads every token as ``a{lo,c}`` does, for a ``c`` past what a token can
+read (:func:`.slicer.capped`, :meth:`.Lexer.walk_state`): the positions of a long string then
+share one walk state, with its expansions, slice proofs and cached masks.
+
+Without the vocabulary, ``n`` bytes (the longest token) read at most ``n // minlen(a)`` whole
+iterations of ``a``: 64 for a word ``\\S+\\s+`` of Llama-3, whose longest token has 128 bytes.
+But no real token holds 64 words: the pre-tokenizer cut them apart. :class:`TokenReach` answers
+the exact question for a tokenizer: the most whole iterations of ``a`` (each a non-empty word of
+``a``) that follow one another inside one token, at any offset (a mask may begin a token in the
+middle of an iteration, and read a prefix of it). Every string a walk reads is a prefix of a
+token, and the iterations it reads in one counter are a factor of it, so the bound holds for
+them. Found with the body's DFA (derivatives, at most :data:`MAX_BODY_STATES` states) and one
+compiled pass over the vocabulary's bytes (:func:`_most_iterations`), longest tokens first, so
+that the pass stops once no shorter token can hold more; memoised per body in the ExprSet.
+
+See docs/lexer.md, "Walk states". tests/test_reach.py checks the bound against a brute force
+over every factor of every token, and the masks from walk states against exact ones.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+
+import numpy as np
+from numba import njit
+
+from .regexset import ExprSet
+
+#: a body whose DFA would pass this many states keeps the bound of its length alone
+MAX_BODY_STATES = 256
+
+_REACHES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+@njit(nogil=True, cache=True)
+def _most_iterations(data, offsets, order, table, accept, minlen, best):
+    """The most whole non-empty iterations of a body (DFA ``table``/``accept``, start state 0)
+    that follow one another inside one token, at least ``best``. ``order``: token indices,
+    longest first; a token of ``L`` bytes holds at most ``L // minlen`` iterations, so the pass
+    stops at the first token too short to beat ``best``.
+
+    Per position, ``cnt[s]`` is the most iterations completed by a factor ending here in state
+    ``s`` of the current iteration (-1: none; the states with one are listed in ``act``). A
+    factor may begin at every position (state 0, none completed); an accepting state may close
+    its iteration (state 0 again, one more)."""
+    n_states = table.shape[0]
+    cnt = np.full(n_states, -1, np.int64)
+    nxt = np.full(n_states, -1, np.int64)
+    act = np.empty(n_states, np.int64)
+    act2 = np.empty(n_states, np.int64)
+    for k in range(order.shape[0]):
+        t = order[k]
+        lo = offsets[t]
+        hi = offsets[t + 1]
+        if (hi - lo) // minlen <= best:
+            break
+        n_act = 0
+        for i in range(lo, hi):
+            if cnt[0] < 0:
+                cnt[0] = 0
+                act[n_act] = 0
+                n_act += 1
+            b = data[i]
+            n2 = 0
+            for a in range(n_act):
+                s = act[a]
+                c = cnt[s]
+                cnt[s] = -1
+                j = table[s, b]
+                if j < 0:
+                    continue
+                if nxt[j] < 0:
+                    act2[n2] = j
+                    n2 += 1
+                if c > nxt[j]:
+                    nxt[j] = c
+                if accept[j]:
+                    if c + 1 > best:
+                        best = c + 1
+                    if nxt[0] < 0:
+                        act2[n2] = 0
+                        n2 += 1
+                    if c + 1 > nxt[0]:
+                        nxt[0] = c + 1
+            cnt, nxt = nxt, cnt
+            act, act2 = act2, act
+            n_act = n2
+        for a in range(n_act):
+            cnt[act[a]] = -1
+    return best
+
+
+def _body_dfa(ex: ExprSet, a: int):
+    """The dense DFA of ``a`` (rows of 256 targets, -1 dead; accepting flags), or None past
+    :data:`MAX_BODY_STATES` states."""
+    states = {a: 0}
+    order = [a]
+    rows = []
+    i = 0
+    while i < len(order):
+        x = order[i]
+        i += 1
+        row = np.full(256, -1, np.int32)
+        for m, t in ex.transitions(x):
+            j = states.get(t)
+            if j is None:
+                if len(order) >= MAX_BODY_STATES:
+                    return None
+                j = states[t] = len(order)
+                order.append(t)
+            row[[b for b in range(256) if (m >> b) & 1]] = j
+        rows.append(row)
+    return np.stack(rows), np.array([ex.nullable(x) for x in order], dtype=np.bool_)
+
+
+class TokenReach:
+    """What one mask's walk can read, for one tokenizer: ``n`` bytes (the longest token), and
+    per repetition body the iterations one token can begin (:meth:`begun`)."""
+
+    def __init__(self, tokenizer_info):
+        trie = tokenizer_info.trie
+        self.n = int(trie.max_depth)
+        tb = tokenizer_info.token_bytes
+        ids = np.unique(np.asarray(trie.tok_ids, dtype=np.int64))
+        toks = [tb[i] for i in ids.tolist()]
+        lens = np.fromiter((len(b) for b in toks), dtype=np.int64, count=len(toks))
+        self._offsets = np.zeros(len(toks) + 1, np.int64)
+        np.cumsum(lens, out=self._offsets[1:])
+        self._data = np.frombuffer(b"".join(toks), dtype=np.uint8)
+        self._order = np.argsort(-lens, kind="stable").astype(np.int64)
+        #: memo keys in an ExprSet (several tokenizers may share one)
+        self.key = ("reach", tokenizer_info.cache_key)
+
+    def begun(self, ex: ExprSet, a: int) -> int:
+        """How many iterations of ``a`` a string that a walk reads (a prefix of a token) can
+        begin: the whole ones that follow one another inside a token, and part of one more. At
+        most ``n // minlen(a) + 1``, and that bound for a body with empty words, with
+        intersections or complements, or with a DFA past :data:`MAX_BODY_STATES`."""
+        memo = ex.__dict__.setdefault("_reach", {})
+        r = memo.get((self.key, a))
+        if r is not None:
+            return r
+        r = begun_within(ex, a, self.n)
+        if r > 1 and not ex.has_bool(a):
+            m = ex.min_length(a)
+            dfa = _body_dfa(ex, a) if 1 <= m < float("inf") else None
+            if dfa is not None:
+                k = _most_iterations(self._data, self._offsets, self._order, dfa[0], dfa[1], int(m), 0)
+                r = min(r, int(k) + 1)
+        memo[(self.key, a)] = r
+        return r
+
+
+def begun_within(ex: ExprSet, x: int, n: int) -> int:
+    """How many iterations of ``x`` a string of ``n`` bytes can begin: ``n // minlen(x)`` whole
+    ones and part of one more (``n + 1`` for an ``x`` with empty or no words)."""
+    m = ex.min_length(x)
+    return n // int(m) + 1 if 1 <= m < float("inf") else n + 1
+
+
+def token_reach(tokenizer_info) -> TokenReach:
+    """The (cached) :class:`TokenReach` of a tokenizer."""
+    with _LOCK:
+        r = _REACHES.get(tokenizer_info)
+        if r is None:
+            r = _REACHES[tokenizer_info] = TokenReach(tokenizer_info)
+        return r
