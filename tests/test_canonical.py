@@ -514,6 +514,37 @@ def test_engine_option_checks_the_tokenizer_up_front():
     AsyncEngine(ScriptedBackend(lambda prompt: "{}"))   # off by default
 
 
+def test_one_first_byte_matches_the_token_bytes(small):
+    """The lookahead asks the grammar for its forced text only when every token of the mask
+    starts with one byte (two forced bytes or more need that): checked against the token bytes
+    on random masks, with and without tokens that have no bytes (the stop token)."""
+    info, _tok, _enc = small
+    ct = canonical_tokenizer(info)
+    tb = info.token_bytes
+    by_first: dict[int, list[int]] = {}
+    for t in range(info.vocab_size):
+        if tb[t]:
+            by_first.setdefault(tb[t][0], []).append(t)
+    rng = np.random.default_rng(0)
+    n_words = (info.vocab_size + 31) // 32
+    seen = {True: 0, False: 0}
+    for trial in range(400):
+        ids = list(rng.choice(by_first[int(rng.choice(list(by_first)))], size=int(rng.integers(1, 6))))
+        if trial % 3 == 1:
+            ids.append(int(rng.integers(0, info.vocab_size)))     # maybe another first byte
+        if trial % 7 == 2:
+            ids.append(0)                                         # <|endoftext|>: no bytes
+        words = np.zeros(n_words, np.uint32)
+        for t in ids:
+            words[t >> 5] |= np.uint32(1 << (t & 31))
+        firsts = {tb[t][:1] for t in ids}
+        want = len(firsts) == 1 and b"" not in firsts
+        assert ct.one_first_byte(words) == want, ids
+        seen[want] += 1
+    assert ct.one_first_byte(np.zeros(n_words, np.uint32)) is False
+    assert min(seen.values()) > 50
+
+
 def test_disk_cache_round_trip(small, tmp_path):
     info, tok, _ = small
     a = TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path)

@@ -472,6 +472,30 @@ def and_allowed(words, ok, need, conf):
         words[i] &= ok[i] | (need[i] & ~conf[i])
 
 
+@njit(nogil=True, cache=True)
+def one_first_byte(words, first_byte, first_words):
+    """Whether the tokens of the non-empty mask ``words`` all start with one byte: the first
+    byte (``first_byte[t]``, -1 for a token without bytes) of its lowest token, whose tokens are
+    ``first_words[b]``, and no other token (``CanonicalState.prune_dead_ends``)."""
+    n = words.shape[0]
+    i = 0
+    while i < n and words[i] == 0:
+        i += 1
+    if i == n:
+        return False
+    w = np.int64(words[i])
+    k = 0
+    while not (w >> k) & 1:
+        k += 1
+    b = first_byte[i * 32 + k]
+    if b < 0:
+        return False
+    for j in range(i, n):
+        if words[j] & ~first_words[b, j]:
+            return False
+    return True
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _probe_bits(buf, end, probes, probe_len, f, b0, c_pos, c_bits, alt_lo, alt_hi, first, kind, mask, mn, mx, grp,
                 grp_lo, grp_hi, lit_lo, lit_hi, lit_masks, start, choice, reach, res):
