@@ -167,6 +167,41 @@ def test_representatives_keep_the_classes():
     assert rep_of("   ") == "   " and rep_of("      ") == "   "
     assert rep_of("12") == "11" and rep_of("日本語") == "xxx"
     assert rep_of("\":{") == "..."
+    assert rep_of("It'S") == "xt's" and rep_of("It'S", fold_case=False) == "xt'x"
+
+
+def _real_text_cases(seed: int, n: int) -> list[str]:
+    """Text with contractions in every case (``'S``, ``'Ll``, ``'RE``...), words, digits, spaces."""
+    rng = random.Random(seed)
+    parts = ["'s", "'S", "'t", "'T", "'re", "'RE", "'Re", "'ve", "'VE", "'m", "'M", "'ll", "'LL", "'Ll",
+             "'d", "'D", "a", "It", "we", "SHE", " ", "  ", "1", "42", ".", "!", "'", "\n", "é"]
+    return ["".join(rng.choice(parts) for _ in range(rng.randint(1, 5))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("which", ["small", "smollm2", "llama3"])
+def test_representatives_of_real_text_keep_its_boundaries(which):
+    """The pre-token boundaries of a text are those of its representative (texts whose runs are
+    short enough that the representative keeps every position), with contractions in any case:
+    GPT-2's pattern (small BPE, SmolLM2) matches them in lower case only (``'S`` is two pieces),
+    Llama-3's in any case (``(?i:'s|...)``). Oracle: the tokenizer's own pre-tokenizer."""
+    if which == "small":
+        tok = bytelevel_tokenizer()
+        info = TokenizerInfo.from_huggingface(tok, disk_cache=False)
+    elif which == "smollm2":
+        info, tok, _ = _smollm()
+    else:
+        info, tok, _ = _llama()
+    ct = canonical_tokenizer(info)
+    assert ct.fold_case == (which == "llama3")
+    checked = 0
+    for s in _real_text_cases(3, 4000):
+        rep = rep_of(s, ct.fold_case)
+        if len(rep) != len(s):
+            continue
+        want = {p for _, span in tok.pre_tokenizer.pre_tokenize_str(s) for p in span} - {0}
+        assert set(ct.boundaries(rep)) == want, (s, rep)
+        checked += 1
+    assert checked > 1000
 
 
 # ---------------------------------------------------------------------------------------------- decoding

@@ -65,8 +65,11 @@ def _char_class(c: str) -> str:
 
 
 @functools.lru_cache(maxsize=65536)
-def rep_of(text: str) -> str:
-    """Representative string of one token's (complete) text: same pre-tokenizer behaviour."""
+def rep_of(text: str, fold_case: bool = True) -> str:
+    """Representative string of one token's (complete) text: same pre-tokenizer behaviour.
+    ``fold_case``: the pre-tokenizer's contractions match in any case (``(?i:'s|'t|...)``: Llama-3,
+    Qwen), so an upper-case contraction letter stands for its lower case; else (GPT-2's pattern:
+    ``'S`` is two pieces) it is any other letter."""
     out = []
     run_cls, run_len = None, 0
     prev = None
@@ -74,7 +77,8 @@ def rep_of(text: str) -> str:
         k = _char_class(c)
         if k == "L":
             lc = c.lower()
-            keep = lc if lc in _CONTRACTION and lc.isascii() and (run_len < 2 or prev == "'") else "x"
+            keep = lc if (lc in _CONTRACTION and lc.isascii() and (fold_case or c == lc)
+                          and (run_len < 2 or prev == "'")) else "x"
             k2 = "L"
         else:
             keep, k2 = k, k
@@ -127,6 +131,8 @@ class CanonicalTokenizer:
 
             self._split = regex.compile(spec.split_pattern)
         self._lock = threading.Lock()
+        #: whether contractions match in any case (see :func:`rep_of`), asked of the pre-tokenizer
+        self.fold_case = 2 not in self._raw_boundaries("a'S")
         t0 = time.perf_counter()
         self._build_signatures()
         self.signature_seconds = time.perf_counter() - t0
@@ -184,7 +190,7 @@ class CanonicalTokenizer:
                 text = body.decode("utf-8")
             except UnicodeDecodeError:
                 continue   # invalid UTF-8 inside: no text the grammar accepts contains it
-            key = (rep_of(text), bool(tl))
+            key = (rep_of(text, self.fold_case), bool(tl))
             s = sigs.get(key)
             if s is None:
                 s = sigs[key] = len(self.sig_rep)
@@ -279,18 +285,21 @@ class CanonicalTokenizer:
                 pass
             else:
                 return {p for p in range(bits.bit_length()) if (bits >> p) & 1}
+        return self._raw_boundaries(s)
+
+    def _raw_boundaries(self, s: str) -> set[int]:
+        """Pre-token boundaries of any string: the split regex, else the pre-tokenizer itself."""
+        if self.pre is None:
+            return set()
+        out = set()
         if self._split is not None:
-            out = set()
             for m in self._split.finditer(s):
                 out.add(m.start())
                 out.add(m.end())
-            out.discard(0)
-            return out
-        pieces = self.pre.pre_tokenize_str(s)
-        out = set()
-        for _, (a, b) in pieces:
-            out.add(a)
-            out.add(b)
+        else:
+            for _, (a, b) in self.pre.pre_tokenize_str(s):
+                out.add(a)
+                out.add(b)
         out.discard(0)
         return out
 
@@ -625,7 +634,7 @@ class CanonicalState:
             for k, (txt, ok) in enumerate(segs):
                 if k:
                     junc.append((len(rep), ok))
-                rep += rep_of(txt)
+                rep += rep_of(txt, self.ct.fold_case)
             self._key = (rep, tuple(junc))
             self._jtok = jtok
             if len(memo) > 100_000:
@@ -710,7 +719,7 @@ class CanonicalState:
             except UnicodeDecodeError:
                 return False
             # the pending character belongs to the previous token: the junction is inside it
-            cand = rep_of(text)
+            cand = rep_of(text, ct.fold_case)
             v = ct.judge_inside(region, junc, cand, bool(tl))
         else:
             s = int(ct.sig_of[t])
