@@ -94,29 +94,6 @@ def _most_iterations(data, offsets, order, table, accept, minlen, best):
     return best
 
 
-def _body_dfa(ex: ExprSet, a: int):
-    """The dense DFA of ``a`` (rows of 256 targets, -1 dead; accepting flags), or None past
-    :data:`MAX_BODY_STATES` states."""
-    states = {a: 0}
-    order = [a]
-    rows = []
-    i = 0
-    while i < len(order):
-        x = order[i]
-        i += 1
-        row = np.full(256, -1, np.int32)
-        for m, t in ex.transitions(x):
-            j = states.get(t)
-            if j is None:
-                if len(order) >= MAX_BODY_STATES:
-                    return None
-                j = states[t] = len(order)
-                order.append(t)
-            row[[b for b in range(256) if (m >> b) & 1]] = j
-        rows.append(row)
-    return np.stack(rows), np.array([ex.nullable(x) for x in order], dtype=np.bool_)
-
-
 class TokenReach:
     """What one mask's walk can read, for one tokenizer: ``n`` bytes (the longest token), and
     per repetition body the iterations one token can begin (:meth:`begun`)."""
@@ -147,7 +124,7 @@ class TokenReach:
         r = begun_within(ex, a, self.n)
         if r > 1 and not ex.has_bool(a):
             m = ex.min_length(a)
-            dfa = _body_dfa(ex, a) if 1 <= m < float("inf") else None
+            dfa = ex.dense_dfa(a, MAX_BODY_STATES) if 1 <= m < float("inf") else None
             if dfa is not None:
                 k = _most_iterations(self._data, self._offsets, self._order, dfa[0], dfa[1], int(m), 0)
                 r = min(r, int(k) + 1)

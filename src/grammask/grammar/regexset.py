@@ -470,6 +470,30 @@ class ExprSet:
         r = self._trans[e] = tuple(r)
         return r
 
+    def dense_dfa(self, e: int, max_states: int):
+        """The DFA of ``e`` from its derivatives: ``(table, accept)``, ``table[s, b]`` the state
+        after byte ``b`` (int32, -1 dead), state 0 ``e`` itself; None past ``max_states`` states."""
+        import numpy as np
+
+        states = {e: 0}
+        order = [e]
+        rows = []
+        i = 0
+        while i < len(order):
+            x = order[i]
+            i += 1
+            row = np.full(256, -1, np.int32)
+            for m, t in self.transitions(x):
+                j = states.get(t)
+                if j is None:
+                    if len(order) >= max_states:
+                        return None
+                    j = states[t] = len(order)
+                    order.append(t)
+                row[[b for b in range(256) if (m >> b) & 1]] = j
+            rows.append(row)
+        return np.stack(rows), np.array([self.nullable(x) for x in order], dtype=np.bool_)
+
     def _skip_prefix_transitions(self, e: int):
         """Transitions of ``c y`` and of ``c{0,h} y`` for a byte set ``c`` without derivatives
         (None: not of that shape). ``c y`` moves on ``c`` to ``y``. For ``c{0,h} y`` where no byte

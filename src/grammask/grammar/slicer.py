@@ -100,25 +100,10 @@ def _classify(data, offsets, table, accept, n_tok, out):
 
 
 def _dense_dfa(ex: ExprSet, e: int):
-    states = {e: 0}
-    order = [e]
-    rows = []
-    i = 0
-    while i < len(order):
-        x = order[i]
-        i += 1
-        row = np.full(256, -1, np.int32)
-        for m, t in ex.transitions(x):
-            j = states.get(t)
-            if j is None:
-                j = states[t] = len(order)
-                order.append(t)
-                if len(order) > MAX_DFA_STATES:
-                    raise ValueError("slice regex too large")
-            bs = [b for b in range(256) if (m >> b) & 1]
-            row[bs] = j
-        rows.append(row)
-    return np.stack(rows), np.array([ex.nullable(x) for x in order], dtype=np.bool_)
+    dfa = ex.dense_dfa(e, MAX_DFA_STATES)
+    if dfa is None:
+        raise ValueError("slice regex too large")
+    return dfa
 
 
 class SliceForest:
