@@ -395,7 +395,11 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     room for what it needs); ``x'_q`` iff ``x_q`` (:func:`capped`); and ``x_q`` alive makes the
     exact intersection alive, as some pair ``(x'_q, s)`` has a word within ``F`` factors and
     ``x_q`` contains ``x'_q``. Nullable likewise (an empty word of ``x'_q`` is one of some
-    ``s r*``)."""
+    ``s r*``).
+
+    With a tokenizer's reach (:func:`capped`), "strings of at most ``n`` bytes" above are the
+    prefixes of its tokens and ``f`` the factors one token begins (``begun(r)``): the argument
+    counts only what the strings begin."""
     args = ex.args[e]
     best = None
     for c in args:
