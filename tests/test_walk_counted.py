@@ -40,8 +40,8 @@ def _words(ex: ExprSet, k: int) -> int:
     return ex.concat(ex.repeat(ex.concat(ex.plus(s), ex.plus(w)), 0, k), ex.plus(s))
 
 
-def _agree(ex: ExprSet, e: int, c: int, n: int) -> int:
-    """Every string of at most ``n`` bytes over :data:`ALPHABET`: alive and nullable alike from
+def _agree(ex: ExprSet, e: int, c: int, n: int, alphabet: bytes = ALPHABET) -> int:
+    """Every string of at most ``n`` bytes over ``alphabet``: alive and nullable alike from
     ``e`` and ``c``. Returns the number of live strings met (both sides dead ends a branch)."""
     live = 0
     todo = [(e, c, b"")]
@@ -54,7 +54,7 @@ def _agree(ex: ExprSet, e: int, c: int, n: int) -> int:
         live += 1
         assert ex.nullable(x) == ex.nullable(y), f"accepts differ after {q!r}"
         if len(q) < n:
-            for b in ALPHABET:
+            for b in alphabet:
                 todo.append((ex.deriv(x, b), ex.deriv(y, b), q + bytes([b])))
     return live
 
@@ -137,6 +137,35 @@ def test_counted_and_is_capped_where_proven():
     assert (0, 30) in got and (0, 60) not in got
 
 
+ESCAPES = b'a \xc3\xa9"\\n'
+
+
+@pytest.mark.parametrize("k,hi", [(6, 5), (6, 7), (9, 7), (30, 6)])
+@pytest.mark.parametrize("n", [5, 6])
+def test_pattern_counters_alone_under_a_length_within_reach(k, hi, n):
+    """A length counter within one token's reach stays exact, and the pattern's own counters are
+    capped alone (``x2 & p r{0,hi}``): a completion with the fewest characters never needs more
+    iterations than a token begins plus one. Checked with JSON escapes among the characters
+    (``\\"``, ``\\\\`` non-space, ``\\n`` space: the iterations must be whole characters of the
+    string's own reading), on every string over those bytes, from the start and from states
+    inside the string."""
+    ex = ExprSet()
+    s = ex.alt(ex.literal(b"a"), ex.literal("é"), ex.literal(b'\\"'), ex.literal(b"\\\\"))
+    w = ex.alt(ex.literal(b" "), ex.literal(b"\\n"))
+    r = ex.alt(s, w)
+    x = ex.concat(ex.repeat(ex.concat(ex.plus(s), ex.plus(w)), 0, k), ex.plus(s))
+    e = ex.concat(ex.intersect(x, ex.repeat(r, 0, hi)), ex.literal(b'"'))
+    c = capped(ex, e, n, keep_and=True)
+    assert c != e, "the pattern's counter was not capped: the test shows nothing"
+    assert _agree(ex, e, c, n, ESCAPES) > 0
+    for q in (b"a ", b"a\\n\\\\ ", b'\\"a\\n'):
+        d = e
+        for b in q:
+            d = ex.deriv(d, b)
+        if ex.alive(d):
+            _agree(ex, d, capped(ex, d, n, keep_and=True), n, ESCAPES)
+
+
 WORDS = {"type": "object", "properties": {
     "q": {"type": "string", "minLength": 1, "maxLength": 5000, "pattern": "^$|(^(?:\\S+\\s+){0,99}\\S+$)"},
     "a": {"type": "string", "maxLength": 3000, "pattern": "^(?:\\S+\\s+){0,99}\\S+$"}},
@@ -179,3 +208,34 @@ def test_word_count_strings_share_walk_states_llama3(llama3, monkeypatch):
     assert np.array_equal(_mask(a), _mask(b)) and a.is_terminated() == b.is_terminated()
     assert inside > 60, "the strings were not walked from capped states"
     assert len(walks) <= 8, f"{len(walks)} walk states for two word-count strings"
+
+
+SHORT = {"type": "object", "properties": {
+    "t": {"type": "string", "maxLength": 60, "pattern": "^(?:\\S+\\s+){0,9}\\S+$"},
+    "u": {"type": "string", "minLength": 1, "maxLength": 100, "pattern": "^(?:\\S+\\s+){0,19}\\S+$"}},
+    "required": ["t", "u"], "additionalProperties": False}
+
+
+def test_word_counts_under_a_short_length_llama3(llama3, monkeypatch):
+    """The o21142 shape: a word count under a ``maxLength`` that one Llama-3 token could exhaust
+    (a token of 128 spaces fits the pattern), so the length counter stays exact and the word
+    counter is capped alone. Every mask equals the one walked from the exact state, with JSON
+    escapes in the text."""
+    from grammask.grammar.lexer import Lexer
+
+    info, tk = llama3
+    walk_g = GrammarCompiler(info, cache_size=0).compile_json_schema(SHORT)
+    exact_g = GrammarCompiler(info, cache_size=0).compile_json_schema(SHORT)
+    real = Lexer.walk_state
+    monkeypatch.setattr(Lexer, "walk_state",
+                        lambda self, s, n: s if self is exact_g.lexer else real(self, s, n))
+    doc = {"t": "one two\tthree \"four\" five\\six seven", "u": "a b c d e f g h i j k l m n o p q r"}
+    ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
+    a, b = GrammarMatcher(walk_g), GrammarMatcher(exact_g)
+    capped_steps = 0
+    for step, t in enumerate(ids):
+        assert np.array_equal(_mask(a), _mask(b)), f"step {step} before {tk.decode([t])!r}"
+        capped_steps += walk_g.lexer.walk_state(a._s, a._reach) != a._s
+        assert a.accept_token(t) and b.accept_token(t)
+    assert np.array_equal(_mask(a), _mask(b)) and a.is_terminated() == b.is_terminated()
+    assert capped_steps > 10, "the word counters were not capped"

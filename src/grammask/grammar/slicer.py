@@ -397,6 +397,20 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     ``x_q`` contains ``x'_q``. Nullable likewise (an empty word of ``x'_q`` is one of some
     ``s r*``).
 
+    Where ``hi`` is not lowered (one token could exhaust it, or no bound was found), ``x``'s own
+    counters are still capped alone, ``x2 & p r{0,hi}``, if every word of ``x`` is a word of
+    ``p r*`` and the words of every body that may be capped are words of ``r*``. For a string
+    ``q`` the walk reads: ``q`` is in ``x`` iff in ``x2`` (:func:`capped`), which settles
+    acceptance; and a completion ``w`` of ``q`` in ``x`` with the fewest factors of ``r`` is one
+    in ``x2``. A counter instance with more iterations than its cap has one lying wholly in
+    ``w`` (``q`` begins at most the cap), and dropping it leaves a word of ``x`` (the count stays
+    at least ``lo``) with fewer factors: the iteration is whole characters, in the string's own
+    reading, since every part of the pattern is written in whole JSON string characters
+    (``r``, each read one way). Repeated, that gives a completion in ``x2`` with no more factors,
+    so ``hi`` decides aliveness alike. This is what o21142's ``maxLength: 100`` over a word count
+    needs: a Llama-3 token of 128 spaces fits the pattern, so the length stays exact, but the
+    word count, capped, no longer makes every word a new set of lexer states.
+
     With a tokenizer's reach (:func:`capped`), "strings of at most ``n`` bytes" above are the
     prefixes of its tokens and ``f`` the factors one token begins (``begun(r)``): the argument
     counts only what the strings begin."""
@@ -409,24 +423,40 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     if best is None:
         return e
     c, (p, r, _lo, hi) = best
-    f = begun(r)
-    if hi <= f + 1:
-        return e
     x = ex.intersect(*[y for y in args if y != c])
     if ex.has_bool(x):
         # formats built with intersections and complements (email, uri): their pair graphs run
         # past any useful bound (Github_medium---o6230: 20,000 pairs and 0.4 s, refused)
         return e
     x2 = _capped_into(ex, x, begun, True, done)
-    # x capped where its words are within p r*, then x whole (the length counter alone)
-    tries = [x2] if ex.within_star(x2, p, r) else []
-    if x not in tries:
-        tries.append(x)
-    for y in tries:
-        need = ex.counted_need_bound(y, p, r, MAX_NEED_PAIRS)
-        if need is not None and hi > f + need + 1:
-            return ex.intersect(y, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
+    f = begun(r)
+    if hi > f + 1:
+        # x capped where its words are within p r*, then x whole (the length counter alone)
+        tries = [x2] if ex.within_star(x2, p, r) else []
+        if x not in tries:
+            tries.append(x)
+        for y in tries:
+            need = ex.counted_need_bound(y, p, r, MAX_NEED_PAIRS)
+            if need is not None and hi > f + need + 1:
+                return ex.intersect(y, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
+    if x2 != x and ex.within_star(x, p, r) and _bodies_within_star(ex, x, r):
+        # the length counter kept as it is (within one token's reach, or no bound found)
+        return ex.intersect(x2, c)
     return e
+
+
+def _bodies_within_star(ex: ExprSet, x: int, r: int) -> bool:
+    """Every counted repetition of ``x`` that :func:`capped` may lower has a body whose words
+    are words of ``r*`` (each iteration whole factors of ``r``: characters of a JSON string)."""
+    order = _post_order(ex, x, {}, skip_not=True, skip_and=True)
+    if order is None:
+        return False
+    for y in order:
+        if ex.kind[y] == REPEAT:
+            a, lo, hi = ex.args[y]
+            if hi != INF and hi > max(lo, 1) and not ex.within_star(a, EPS, r):
+                return False
+    return True
 
 
 def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,
