@@ -398,8 +398,9 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     ``s r*``).
 
     Where ``hi`` is not lowered (one token could exhaust it, or no bound was found), ``x``'s own
-    counters are still capped alone, ``x2 & p r{0,hi}``, if every word of ``x`` is a word of
-    ``p r*`` and the words of every body that may be capped are words of ``r*``. For a string
+    counters are still capped alone, ``x2 & p r{0,hi}``, if every word of ``x2`` is a word of
+    ``p r*`` and the words of every body that may be capped are words of ``r*`` (checks of the
+    premise below, on what is small: ``x`` itself may hold a counter of thousands). For a string
     ``q`` the walk reads: ``q`` is in ``x`` iff in ``x2`` (:func:`capped`), which settles
     acceptance; and a completion ``w`` of ``q`` in ``x`` with the fewest factors of ``r`` is one
     in ``x2``. A counter instance with more iterations than its cap has one lying wholly in
@@ -439,7 +440,7 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
             need = ex.counted_need_bound(y, p, r, MAX_NEED_PAIRS)
             if need is not None and hi > f + need + 1:
                 return ex.intersect(y, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
-    if x2 != x and ex.within_star(x, p, r) and _bodies_within_star(ex, x, r):
+    if x2 != x and ex.within_star(x2, p, r) and _bodies_within_star(ex, x, r):
         # the length counter kept as it is (within one token's reach, or no bound found)
         return ex.intersect(x2, c)
     return e
