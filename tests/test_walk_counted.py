@@ -181,22 +181,28 @@ def _mask(m: GrammarMatcher) -> np.ndarray:
     return m.get_next_token_bitmask().copy()
 
 
+def _walk_and_exact(llama3, monkeypatch, schema, doc):
+    """``(walk grammar, its matcher, a matcher of a copy without walk states, doc's ids,
+    tokenizer)``."""
+    from grammask.grammar.lexer import Lexer
+
+    info, tk = llama3
+    walk_g = GrammarCompiler(info, cache_size=0).compile_json_schema(schema)
+    exact_g = GrammarCompiler(info, cache_size=0).compile_json_schema(schema)
+    real = Lexer.walk_state
+    monkeypatch.setattr(Lexer, "walk_state",
+                        lambda self, s, n: s if self is exact_g.lexer else real(self, s, n))
+    ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
+    return walk_g, GrammarMatcher(walk_g), GrammarMatcher(exact_g), ids, tk
+
+
 def test_word_count_strings_share_walk_states_llama3(llama3, monkeypatch):
     """The MaskBench shape (o21053): word-count patterns under a large ``maxLength``. Every
     position of both strings walks from one of a handful of walk states (before the counted rule,
     a new one per word, each a thousand new lexer states), and every mask equals the exact one."""
-    from grammask.grammar.lexer import Lexer
-
-    info, tk = llama3
-    walk_g = GrammarCompiler(info, cache_size=0).compile_json_schema(WORDS)
-    exact_g = GrammarCompiler(info, cache_size=0).compile_json_schema(WORDS)
-    real = Lexer.walk_state
-    monkeypatch.setattr(Lexer, "walk_state",
-                        lambda self, s, n: s if self is exact_g.lexer else real(self, s, n))
     words = " ".join(f"word{i}" for i in range(30))
-    doc = {"q": words + " élan", "a": "x" * 200 + " " + words}
-    ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
-    a, b = GrammarMatcher(walk_g), GrammarMatcher(exact_g)
+    walk_g, a, b, ids, tk = _walk_and_exact(llama3, monkeypatch, WORDS,
+                                            {"q": words + " élan", "a": "x" * 200 + " " + words})
     walks, inside = set(), 0
     for step, t in enumerate(ids):
         assert np.array_equal(_mask(a), _mask(b)), f"step {step} before {tk.decode([t])!r}"
@@ -221,17 +227,8 @@ def test_word_counts_under_a_short_length_llama3(llama3, monkeypatch):
     (a token of 128 spaces fits the pattern), so the length counter stays exact and the word
     counter is capped alone. Every mask equals the one walked from the exact state, with JSON
     escapes in the text."""
-    from grammask.grammar.lexer import Lexer
-
-    info, tk = llama3
-    walk_g = GrammarCompiler(info, cache_size=0).compile_json_schema(SHORT)
-    exact_g = GrammarCompiler(info, cache_size=0).compile_json_schema(SHORT)
-    real = Lexer.walk_state
-    monkeypatch.setattr(Lexer, "walk_state",
-                        lambda self, s, n: s if self is exact_g.lexer else real(self, s, n))
     doc = {"t": "one two\tthree \"four\" five\\six seven", "u": "a b c d e f g h i j k l m n o p q r"}
-    ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
-    a, b = GrammarMatcher(walk_g), GrammarMatcher(exact_g)
+    walk_g, a, b, ids, tk = _walk_and_exact(llama3, monkeypatch, SHORT, doc)
     capped_steps = 0
     for step, t in enumerate(ids):
         assert np.array_equal(_mask(a), _mask(b)), f"step {step} before {tk.decode([t])!r}"
