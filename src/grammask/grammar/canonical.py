@@ -143,10 +143,6 @@ class CanonicalTokenizer:
         self._conflicts: OrderedDict = OrderedDict()
         self._regions: dict = {}        # (tokens, pair bits, pending) -> (region key, junction tokens)
         self.max_cached_regions = 4096
-        #: a mask of at most this many tokens (and non-zero words) on a region not seen before is
-        #: judged token by token; a wider one gets the whole region's verdicts, cached (with the
-        #: compiled judge, a region costs ~3 ms in one call: lowered below once that is known)
-        self.lazy_limit = 4096
         self.max_cached_conflicts = 2048
         self.stats = {"region_misses": 0, "region_hits": 0, "conflict_misses": 0, "conflict_hits": 0}
         # a split regex in the supported subset: a region's verdicts in one compiled call
@@ -154,6 +150,12 @@ class CanonicalTokenizer:
         self._prog = None
         if self._split is not None:
             self._compile_judge(spec.split_pattern)
+        #: a mask of at most this many tokens (and non-zero words) on a region not seen before is
+        #: judged token by token; a wider one gets the whole region's verdicts, cached. With the
+        #: compiled judge a region costs ~3 ms in one call, and past ~64 tokens a mask's signatures
+        #: are most of a region's, judged again at its next visit (MaskBench 1 in 200, Llama-3:
+        #: first-pass mean ratio 2.32 -> 2.18 with 64 instead of 4096; 16 and 256 alike)
+        self.lazy_limit = 64 if self._prog is not None else 4096
 
     # -------------------------------------------------------------- build
     @classmethod
@@ -226,10 +228,6 @@ class CanonicalTokenizer:
             plen[i] = len(f)
         assert PROBES[0] == ""   # judge_all skips probe 0 (end of text) for candidates ending mid-character
         self._prog = prog
-        # token by token only for small masks: past ~64 tokens their signatures are most of a
-        # region's, judged again at its next visit (MaskBench 1 in 200, Llama-3: first-pass mean
-        # ratio 2.32 -> 2.18 with 64; 16 and 256 alike)
-        self.lazy_limit = 64
         self._judge_args = (cand, clen, np.array(self.sig_tail, np.bool_), probes, plen)
         # load (or, the first time on a machine, compile: seconds, then cached on disk) the kernels
         # now, not in a request's first mask; the empty region's verdicts come with it

@@ -21,6 +21,7 @@ over every factor of every token, and the masks from walk states against exact o
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -99,18 +100,23 @@ class TokenReach:
     per repetition body the iterations one token can begin (:meth:`begun`)."""
 
     def __init__(self, tokenizer_info):
-        trie = tokenizer_info.trie
-        self.n = int(trie.max_depth)
-        tb = tokenizer_info.token_bytes
-        ids = np.unique(np.asarray(trie.tok_ids, dtype=np.int64))
-        toks = [tb[i] for i in ids.tolist()]
-        lens = np.fromiter((len(b) for b in toks), dtype=np.int64, count=len(toks))
-        self._offsets = np.zeros(len(toks) + 1, np.int64)
-        np.cumsum(lens, out=self._offsets[1:])
-        self._data = np.frombuffer(b"".join(toks), dtype=np.uint8)
-        self._order = np.argsort(-lens, kind="stable").astype(np.int64)
+        self._info = tokenizer_info
+        self.n = int(tokenizer_info.trie.max_depth)
         #: memo keys in an ExprSet (several tokenizers may share one)
         self.key = ("reach", tokenizer_info.cache_key)
+
+    @functools.cached_property
+    def _tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bytes, offsets, indices longest first) of the tokens a walk reads: built at the
+        first body that needs the pass, not with the first matcher."""
+        tb = self._info.token_bytes
+        ids = np.unique(np.asarray(self._info.trie.tok_ids, dtype=np.int64))
+        toks = [tb[i] for i in ids.tolist()]
+        lens = np.fromiter((len(b) for b in toks), dtype=np.int64, count=len(toks))
+        offsets = np.zeros(len(toks) + 1, np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        data = np.frombuffer(b"".join(toks), dtype=np.uint8)
+        return data, offsets, np.argsort(-lens, kind="stable").astype(np.int64)
 
     def begun(self, ex: ExprSet, a: int) -> int:
         """How many iterations of ``a`` a string that a walk reads (a prefix of a token) can
@@ -126,7 +132,7 @@ class TokenReach:
             m = ex.min_length(a)
             dfa = ex.dense_dfa(a, MAX_BODY_STATES) if 1 <= m < float("inf") else None
             if dfa is not None:
-                k = _most_iterations(self._data, self._offsets, self._order, dfa[0], dfa[1], int(m), 0)
+                k = _most_iterations(*self._tokens, dfa[0], dfa[1], int(m), 0)
                 r = min(r, int(k) + 1)
         memo[(self.key, a)] = r
         return r
