@@ -268,6 +268,86 @@ def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(
     assert checked > 150
 
 
+def _most_factors(x: str, p: str, r: str, max_len: int) -> int | None:
+    """The most factors of ``r`` in a split ``u f1 … fk`` (``u`` in ``p``) of a word of ``x`` of
+    at most ``max_len`` bytes, -1 if none: brute force with Python's ``re`` (None: x has too
+    many such words to try)."""
+    import re
+
+    import regex
+
+    words, todo, seen = [], [""], 0   # the words of x, grown along the prefixes that regex's
+    while todo:                       # partial matching says some word of x continues
+        w = todo.pop()
+        seen += 1
+        if seen > 3000:
+            return None
+        if re.fullmatch(x, w):
+            words.append(w)
+        if len(w) < max_len:
+            todo.extend(w + c for c in "abc" if regex.fullmatch(x, w + c, partial=True))
+    best = -1
+    for w in words:
+        most = [-1] * (len(w) + 1)   # most[i]: factors in a split of w[i:] into r-factors
+        most[len(w)] = 0
+        for i in range(len(w) - 1, -1, -1):
+            for j in range(i + 1, len(w) + 1):
+                if most[j] >= 0 and re.fullmatch(r, w[i:j]):
+                    most[i] = max(most[i], most[j] + 1)
+        for i in range(len(w) + 1):
+            if most[i] >= 0 and re.fullmatch(p, w[:i]):
+                best = max(best, most[i])
+    return best
+
+
+def test_most_factors_of_counted_pairs_matches_brute_force():
+    """``_counted_most`` (what decides ``x & p r{lo,}``, a ``minLength``) against every split of
+    every short word: exact where the words are short, unbounded exactly where the most grows
+    with the length."""
+    import random
+
+    from grammask.grammar.regexset import EPS, MOST_UNBOUNDED
+
+    rng = random.Random(11)
+
+    def rand_re(d=0, star=True):
+        c = rng.random()
+        if d > 2 or c < 0.3:
+            return rng.choice(["a", "b", "c", "[ab]", "[bc]", "ab", "ba"])
+        if c < 0.55:
+            return rand_re(d + 1, star) + rand_re(d + 1, star)
+        if c < 0.75:
+            return "(" + rand_re(d + 1, star) + "|" + rand_re(d + 1, star) + ")"
+        if c < 0.9:
+            return "(" + rand_re(d + 1, star) + ")" + rng.choice(["*", "+", "?", "{2}"] if star else ["?", "{2}"])
+        return rand_re(d + 1, star)
+
+    kinds = {"finite": 0, "bounded": 0, "unbounded": 0, "none": 0}
+    for i in range(120):
+        star = i % 2 == 0
+        x = rand_re(star=star)
+        if i % 4 == 0:
+            x = "(" + x + ")+"
+        r = rng.choice(["a", "[ab]", "a|ab", "ab|b", "a*b", "[abc]", "c", rand_re(star=False)])
+        p = rng.choice(["", "", "b", "a?"])
+        ex = ExprSet()
+        got = ex._counted_most(parse_regex(x, ex) << 32 | parse_regex(p, ex) if p else parse_regex(x, ex) << 32 | EPS,
+                               parse_regex(r, ex))
+        short, long = _most_factors(x, p, r, 10), _most_factors(x, p, r, 16)
+        if long is None:
+            continue
+        if got == MOST_UNBOUNDED:
+            assert long > short, (x, p, r)
+            kinds["unbounded"] += 1
+        else:
+            # x's words without a loop have at most 16 bytes (a two-byte leaf under three
+            # doublings: concatenations or {2}); a bounded most with a loop is reached by a
+            # short word too
+            assert got == short == long, (x, p, r)
+            kinds[("finite" if not star else "bounded") if got >= 0 else "none"] += 1
+    assert min(kinds.values()) >= 5, kinds
+
+
 @pytest.mark.parametrize("x,r,prefix,expect", [
     ("[a-z]+@[a-z]+\\.com", "[ -~]", b"a", True),
     ("\\[(v[0-9a-f]+\\.[a-z:]+|[0-9]+)\\]", "[ -~]", b"[", True),

@@ -38,6 +38,7 @@ MAX_PREFIX_CACHE = 2_000_000
 MAX_CHAIN_MEMO = 1 << 15
 #: entries of ExprSet.counted_need_bound's memo before it starts over
 MAX_NEED_MEMO = 200_000
+MOST_UNBOUNDED = 1 << 62   # _counted_most: words with any number of factors
 
 
 def _lowbit(mask: int) -> int:
@@ -121,6 +122,9 @@ class ExprSet:
         # from (x, s) (see counted_need_bound), or -1 where the exploration was refused
         self._need_memo: dict[int, int] = {}
         self._within: dict[int, bool] = {}   # (x << 32 | p) << 32 | r -> within_star
+        # (x << 32 | s) << 32 | r -> the most factors of r any word of x & s r* begins
+        # (MOST_UNBOUNDED: no bound), -1 where it has no word (see _counted_most)
+        self._most_memo: dict[int, int] = {}
         # a << 32 | b -> concat(a, b) for a concatenation a: re-nesting walks all of a, and the
         # same pairs come back (object keys with their quotes and colon, quoted string literals)
         self._chain_memo: dict[int, int] = {}
@@ -646,10 +650,13 @@ class ExprSet:
         x = self.intersect(*[y for y in self.args[e] if y != c])
         if x == EMPTY:
             return False
-        # depth first needs at least ``lo`` states: from large minimums on, the layers first
+        # depth first needs at least ``lo`` states: from large minimums on, the layers first,
+        # and with no maximum (``minLength``) the most factors, which is the same for every count
         methods = (self._counted_search, self._counted_layered)
         if lo >= self.counted_layers_from:
             methods = methods[::-1]
+            if hi == INF:
+                methods = (self._counted_at_least,) + methods
         err = None
         for method in methods:
             try:
@@ -660,6 +667,126 @@ class ExprSet:
             if res is not None:
                 return res
         raise err
+
+    def _counted_at_least(self, start: int, r: int, lo: int, hi: int) -> bool:
+        """``x & p r{lo,}`` (``hi`` infinite): alive iff some word begins at least ``lo`` factors."""
+        assert hi == INF
+        return self._counted_most(start, r) >= lo
+
+    def _counted_most(self, start: int, r: int) -> int:
+        """The most factors of ``r`` that a word of ``x & p r*`` begins, from the pair
+        ``start = x << 32 | p``: -1 if there is no word, :data:`MOST_UNBOUNDED` if there is no
+        bound. Exact, and independent of any count: every pair met is memoised, and the
+        derivatives of ``x & p r{lo,}`` (the next lexer states of a ``minLength`` string) are
+        pairs met, so each is then answered by a lookup whatever its count left.
+
+        The graph of pairs (:meth:`_counted_moves`, an edge weighing 1 where it begins a factor)
+        is explored forward from ``start`` (a memoised pair is a leaf with its known value);
+        words end at pairs with both parts nullable. A cycle with a factor edge among pairs that
+        lie on a path to a word makes the count unbounded; otherwise the most is the longest
+        path over the acyclic condensation. Bounded by :attr:`max_alive_states` pairs
+        (:class:`GrammarTooComplexError` past it)."""
+        memo = self._most_memo
+        got = memo.get(start << 32 | r)
+        if got is not None:
+            return got
+        nullable = self._nullable
+        index = {start: 0}
+        pairs = [start]
+        edges: list[list[tuple[int, int]]] = []   # source -> [(target, weight)]
+        i = 0
+        while i < len(pairs):
+            k = pairs[i]
+            out: list[tuple[int, int]] = []
+            if memo.get(k << 32 | r) is None:
+                for new in ((False, True) if nullable[k & 0xFFFFFFFF] else (False,)):
+                    for t in self._counted_moves(k, r, new):
+                        j = index.get(t)
+                        if j is None:
+                            if len(pairs) >= self.max_alive_states:
+                                raise GrammarTooComplexError(
+                                    "emptiness check of a regex intersection/complement exceeded its state bound")
+                            j = index[t] = len(pairs)
+                            pairs.append(t)
+                        out.append((j, int(new)))
+            edges.append(out)
+            i += 1
+        n = len(pairs)
+        # strongly connected components (iterative Tarjan); Tarjan emits them sinks first
+        comp = [-1] * n
+        low = [0] * n
+        num = [-1] * n
+        stack: list[int] = []
+        on = bytearray(n)
+        comps: list[list[int]] = []
+        counter = 0
+        for root in range(n):
+            if num[root] >= 0:
+                continue
+            work = [(root, 0)]
+            num[root] = low[root] = counter
+            counter += 1
+            stack.append(root)
+            on[root] = 1
+            while work:
+                v, ei = work[-1]
+                if ei < len(edges[v]):
+                    work[-1] = (v, ei + 1)
+                    w = edges[v][ei][0]
+                    if num[w] < 0:
+                        num[w] = low[w] = counter
+                        counter += 1
+                        stack.append(w)
+                        on[w] = 1
+                        work.append((w, 0))
+                    elif on[w]:
+                        low[v] = min(low[v], num[w])
+                    continue
+                work.pop()
+                if work:
+                    u = work[-1][0]
+                    low[u] = min(low[u], low[v])
+                if low[v] == num[v]:
+                    members = []
+                    while True:
+                        w = stack.pop()
+                        on[w] = 0
+                        comp[w] = len(comps)
+                        members.append(w)
+                        if w == v:
+                            break
+                    comps.append(members)
+        most = [-1] * n
+        for c, members in enumerate(comps):   # successors' components come first
+            best = -1
+            cyclic = False
+            for v in members:
+                k = pairs[v]
+                known = memo.get(k << 32 | r)
+                if known is not None:
+                    best = max(best, known)
+                    continue
+                if nullable[k >> 32] and nullable[k & 0xFFFFFFFF]:
+                    best = max(best, 0)
+                for w, wt in edges[v]:
+                    if comp[w] != c:
+                        if most[w] >= 0:
+                            best = max(best, MOST_UNBOUNDED if most[w] == MOST_UNBOUNDED else most[w] + wt)
+                    elif wt:
+                        cyclic = True
+            if best >= 0 and cyclic:
+                # a factor edge on a cycle of pairs that reach a word: each member reaches the
+                # cycle and, from it, the word, so there is no bound
+                best = MOST_UNBOUNDED
+            # otherwise every edge inside the component weighs 0 and its members reach one
+            # another: they all have the same most
+            for v in members:
+                most[v] = best
+        if len(memo) > MAX_NEED_MEMO:
+            memo.clear()
+        for v in range(n):
+            memo.setdefault(pairs[v] << 32 | r, most[v])
+        return most[0]
 
     def _counted_layered(self, start: int, r: int, lo: int, hi: int) -> bool:
         """The pairs reachable from ``start`` with exactly ``0, 1, …, lo`` factors begun, each
