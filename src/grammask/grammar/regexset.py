@@ -24,6 +24,7 @@ emptiness is exact (:meth:`ExprSet.alive` explores derivatives when AND/NOT are 
 from __future__ import annotations
 
 import threading
+from collections import deque
 
 from ..errors import GrammarTooComplexError
 from .membound import DERIV_BATCH, NODE_BATCH, current
@@ -655,8 +656,8 @@ class ExprSet:
         methods = (self._counted_search, self._counted_layered)
         if lo >= self.counted_layers_from:
             methods = methods[::-1]
-            if hi == INF:
-                methods = (self._counted_at_least,) + methods
+        if hi == INF:
+            methods = (self._counted_at_least,) + methods
         err = None
         for method in methods:
             try:
@@ -1178,13 +1179,16 @@ class ExprSet:
             return True
         deadline = time.monotonic() + max_seconds
         seen = {(s, u)}
-        todo = [(s, u)]
+        # breadth first: a string of ``s`` that is no prefix of ``u`` is found at its shortest
+        # (a slice of every UTF-8 character against a class of some letters fails at its
+        # second byte, after a depth-first walk through all the longer characters)
+        todo = deque([(s, u)])
         r = True
         while todo and r:
             if len(seen) & 63 == 0 and time.monotonic() > deadline:
                 r = False
                 break
-            x, y = todo.pop()
+            x, y = todo.popleft()
             ty = self.transitions(y)
             live = 0
             for m2, _ in ty:
