@@ -1178,33 +1178,39 @@ class ExprSet:
             self._prefix_cache[key] = True
             return True
         deadline = time.monotonic() + max_seconds
+        first: dict[int, int] = {}
+
+        def first_bytes(e: int) -> int:
+            m = first.get(e)
+            if m is None:
+                m = 0
+                for mm, _ in self.transitions(e):
+                    m |= mm
+                first[e] = m
+            return m
+
         seen = {(s, u)}
-        # breadth first: a string of ``s`` that is no prefix of ``u`` is found at its shortest
-        # (a slice of every UTF-8 character against a class of some letters fails at its
-        # second byte, after a depth-first walk through all the longer characters)
+        # breadth first, each pair checked as it is met rather than when it is explored: a
+        # string of ``s`` that is no prefix of ``u`` is found at its shortest, and one byte
+        # earlier (a slice of all UTF-8 characters against a class of some letters fails at
+        # its second byte, not after a depth-first walk through all the longer characters)
         todo = deque([(s, u)])
-        r = True
+        r = not first_bytes(s) & ~first_bytes(u)
         while todo and r:
             if len(seen) & 63 == 0 and time.monotonic() > deadline:
                 r = False
                 break
             x, y = todo.popleft()
             ty = self.transitions(y)
-            live = 0
-            for m2, _ in ty:
-                live |= m2
             for m1, x2 in self.transitions(x):
-                if m1 & ~live:
-                    r = False
-                    break
                 for m2, y2 in ty:
                     if m1 & m2 and (x2, y2) not in seen:
                         if pc.get(x2 << 32 | y2) is True:
                             continue   # proved before (a False may be a budget's: explore it)
-                        seen.add((x2, y2))
-                        if len(seen) > max_pairs:
+                        if first_bytes(x2) & ~first_bytes(y2) or len(seen) >= max_pairs:
                             r = False
                             break
+                        seen.add((x2, y2))
                         todo.append((x2, y2))
                 if not r:
                     break
