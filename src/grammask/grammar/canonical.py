@@ -38,6 +38,7 @@ import numpy as np
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
 from .canonical_split import and_allowed as _and_allowed
+from .canonical_split import verdict_words as _verdict_words
 from .canonical_split import one_first_byte as _one_first_byte
 from .canonical_spec import CanonicalSpec, canonical_spec
 
@@ -403,10 +404,9 @@ class CanonicalTokenizer:
             return hit
         region, junctions = key
         v = self.sig_verdicts(key)
-        tv = np.full(self.vocab_size, REJECT, np.int8)
-        tv[self._plain_ids] = v[self.sig_of[self._plain_ids]]
-        ok = _pack(tv == OK, self.n_words)
-        need = _pack(tv == NEED_PAIR, self.n_words)
+        ok = np.zeros(self.n_words, np.uint32)
+        need = np.zeros(self.n_words, np.uint32)
+        _verdict_words(v, self.sig_of, self._plain_ids, ok, need)
         self._lru_put(self._verdicts, key, (ok, need), self.max_cached_regions, "region_misses")
         return ok, need
 
@@ -555,12 +555,6 @@ def _ids_of(words: np.ndarray, limit: int):
     bits = np.unpackbits(words[nz].view(np.uint8), bitorder="little").reshape(-1, 32)
     r, c = np.nonzero(bits)
     return nz[r].astype(np.int64) * 32 + c
-
-
-def _pack(mask: np.ndarray, n_words: int) -> np.ndarray:
-    pad = np.zeros(n_words * 32, bool)
-    pad[: mask.shape[0]] = mask
-    return np.packbits(pad.reshape(-1, 8)[:, ::-1]).view(np.uint32).copy() if n_words else np.zeros(0, np.uint32)
 
 
 def canonical_tokenizer(info, **kw) -> CanonicalTokenizer:

@@ -473,6 +473,20 @@ def and_allowed(words, ok, need, conf):
 
 
 @njit(nogil=True, cache=True)
+def verdict_words(verdicts, sig_of, plain_ids, ok, need):
+    """The bitsets of a region (``CanonicalTokenizer.region_words``): token ``t`` of
+    ``plain_ids`` in ``ok`` where its signature's verdict is OK, in ``need`` where NEED_PAIR
+    (both zeroed by the caller)."""
+    for i in range(plain_ids.shape[0]):
+        t = plain_ids[i]
+        v = verdicts[sig_of[t]]
+        if v == OK:
+            ok[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+        elif v == NEED_PAIR:
+            need[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+
+
+@njit(nogil=True, cache=True)
 def one_first_byte(words, first_byte, first_words):
     """Whether the tokens of the non-empty mask ``words`` all start with one byte: the first
     byte (``first_byte[t]``, -1 for a token without bytes) of its lowest token, whose tokens are
