@@ -268,6 +268,33 @@ def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(
     assert checked > 150
 
 
+@pytest.mark.parametrize("limit", [1, 4])
+def test_refused_most_factors_fall_back_to_the_searches(limit, monkeypatch):
+    """With the most-factors exploration refused past ``limit`` pairs (each pair met is then
+    remembered as refused), ``minLength``-shaped intersections and their derivatives are decided
+    by the searches exactly as the unrolled exploration decides them."""
+    import grammask.grammar.regexset as rs
+
+    monkeypatch.setattr(rs, "MOST_FIRST_PAIRS", limit)
+    refused = 0
+    for x, r, lo, hi in COUNTED:
+        if hi is not None:
+            continue
+        sets = []
+        for cls in (ExprSet, _Unrolled):
+            ex = cls()
+            e = ex.intersect(parse_regex(x, ex), ex.complement(ex.literal("abd")), ex.repeat(parse_regex(r, ex), lo, hi))
+            sets.append((ex, e))
+        (ex, e), (ref, e_ref) = sets
+        for w in [b""] + [bytes(t) for n in range(1, 4) for t in product(LETTERS, repeat=n)]:
+            d, d_ref = e, e_ref
+            for b in w:
+                d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+            assert ex.alive(d) == ref.alive(d_ref), (x, r, lo, w)
+        refused += sum(1 for v in ex._most_memo.values() if v == rs.MOST_REFUSED)
+    assert refused > 0
+
+
 def _most_factors(x: str, p: str, r: str, max_len: int) -> int | None:
     """The most factors of ``r`` in a split ``u f1 … fk`` (``u`` in ``p``) of a word of ``x`` of
     at most ``max_len`` bytes, -1 if none: brute force with Python's ``re`` (None: x has too

@@ -38,8 +38,8 @@ import numpy as np
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
 from .canonical_split import and_allowed as _and_allowed
-from .canonical_split import verdict_words as _verdict_words
 from .canonical_split import one_first_byte as _one_first_byte
+from .canonical_split import verdict_words as _verdict_words
 from .canonical_spec import CanonicalSpec, canonical_spec
 
 OK, NEED_PAIR, REJECT = 0, 1, 2

@@ -40,6 +40,10 @@ MAX_CHAIN_MEMO = 1 << 15
 #: entries of ExprSet.counted_need_bound's memo before it starts over
 MAX_NEED_MEMO = 200_000
 MOST_UNBOUNDED = 1 << 62   # _counted_most: words with any number of factors
+MOST_REFUSED = -2          # _counted_most: the pair's graph was past the exploration's limit
+#: pairs the most-factors exploration may meet when it is tried first (a minLength check); past it
+#: the searches decide, and every pair met is remembered as refused (its next states skip it)
+MOST_FIRST_PAIRS = 300
 
 
 def _lowbit(mask: int) -> int:
@@ -669,28 +673,33 @@ class ExprSet:
                 return res
         raise err
 
-    def _counted_at_least(self, start: int, r: int, lo: int, hi: int) -> bool:
-        """``x & p r{lo,}`` (``hi`` infinite): alive iff some word begins at least ``lo`` factors."""
+    def _counted_at_least(self, start: int, r: int, lo: int, hi: int) -> bool | None:
+        """``x & p r{lo,}`` (``hi`` infinite): alive iff some word begins at least ``lo`` factors
+        (None: the pairs are too many to explore first, see :data:`MOST_FIRST_PAIRS`)."""
         assert hi == INF
-        return self._counted_most(start, r) >= lo
+        most = self._counted_most(start, r, MOST_FIRST_PAIRS)
+        return None if most is None else most >= lo
 
-    def _counted_most(self, start: int, r: int) -> int:
+    def _counted_most(self, start: int, r: int, limit: int | None = None) -> int | None:
         """The most factors of ``r`` that a word of ``x & p r*`` begins, from the pair
         ``start = x << 32 | p``: -1 if there is no word, :data:`MOST_UNBOUNDED` if there is no
-        bound. Exact, and independent of any count: every pair met is memoised, and the
-        derivatives of ``x & p r{lo,}`` (the next lexer states of a ``minLength`` string) are
-        pairs met, so each is then answered by a lookup whatever its count left.
+        bound, None when more than ``limit`` pairs (default :attr:`max_alive_states`) are met.
+        Exact, and independent of any count: every pair met is memoised, and the derivatives of
+        ``x & p r{lo,}`` (the next lexer states of a ``minLength`` string) are pairs met, so
+        each is then answered by a lookup whatever its count left. A refusal is memoised too
+        (:data:`MOST_REFUSED`, for every pair met), so the next states do not explore again.
 
         The graph of pairs (:meth:`_counted_moves`, an edge weighing 1 where it begins a factor)
         is explored forward from ``start`` (a memoised pair is a leaf with its known value);
         words end at pairs with both parts nullable. A cycle with a factor edge among pairs that
         lie on a path to a word makes the count unbounded; otherwise the most is the longest
-        path over the acyclic condensation. Bounded by :attr:`max_alive_states` pairs
-        (:class:`GrammarTooComplexError` past it)."""
+        path over the acyclic condensation."""
         memo = self._most_memo
         got = memo.get(start << 32 | r)
         if got is not None:
-            return got
+            return None if got == MOST_REFUSED else got
+        if limit is None:
+            limit = self.max_alive_states
         nullable = self._nullable
         index = {start: 0}
         pairs = [start]
@@ -699,17 +708,21 @@ class ExprSet:
         while i < len(pairs):
             k = pairs[i]
             out: list[tuple[int, int]] = []
-            if memo.get(k << 32 | r) is None:
+            known = memo.get(k << 32 | r)
+            if known is None:
                 for new in ((False, True) if nullable[k & 0xFFFFFFFF] else (False,)):
                     for t in self._counted_moves(k, r, new):
                         j = index.get(t)
                         if j is None:
-                            if len(pairs) >= self.max_alive_states:
-                                raise GrammarTooComplexError(
-                                    "emptiness check of a regex intersection/complement exceeded its state bound")
                             j = index[t] = len(pairs)
                             pairs.append(t)
                         out.append((j, int(new)))
+            if known == MOST_REFUSED or len(pairs) > limit:
+                if len(memo) > MAX_NEED_MEMO:
+                    memo.clear()
+                for k2 in pairs:
+                    memo.setdefault(k2 << 32 | r, MOST_REFUSED)
+                return None
             edges.append(out)
             i += 1
         n = len(pairs)
