@@ -1191,17 +1191,7 @@ class ExprSet:
             self._prefix_cache[key] = True
             return True
         deadline = time.monotonic() + max_seconds
-        first: dict[int, int] = {}
-
-        def first_bytes(e: int) -> int:
-            m = first.get(e)
-            if m is None:
-                m = 0
-                for mm, _ in self.transitions(e):
-                    m |= mm
-                first[e] = m
-            return m
-
+        first_bytes = self.first_bytes
         seen = {(s, u)}
         # breadth first, each pair checked as it is met rather than when it is explored: a
         # string of ``s`` that is no prefix of ``u`` is found at its shortest, and one byte
