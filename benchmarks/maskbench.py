@@ -284,6 +284,10 @@ def reorder_keys(engine, compiled, data, *, max_checks: int = 50_000, max_s: flo
     return None
 
 
+#: compiled and masked once by each worker before it reports ready (JIT loading, first-use paths)
+WARM_SCHEMA = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}}
+
+
 def run_schema(engine, schema, tests, order_s: float = 0.0) -> dict:
     """Compile ``schema`` and run its tests; all times in microseconds."""
     out = {"compile_error": None, "ttfm_us": None, "tbm_us": [], "tests": []}
@@ -344,30 +348,38 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
-def worker(name: str, tok_path: str, conn) -> None:
+def worker(name: str, tok_path: str, conn, gc_freeze: bool = True) -> None:
+    from grammask.pipeline.gc_heap import FullCollectionTimer, freeze_gc_heap
+
     try:
         engine = ENGINE_CLASSES[name](tok_path)
+        run_schema(engine, WARM_SCHEMA, [])   # kernels and first-use paths loaded before any timing
     except Exception:  # noqa: BLE001
         conn.send(("init_error", traceback.format_exc()))
         return
+    if gc_freeze:
+        freeze_gc_heap()   # as a server after its start (grammask serve, vLLM): see pipeline/gc_heap.py
     conn.send(("ready", _peak_rss_mib()))
     while True:
         msg = conn.recv()
         if msg is None:
             return
         sid, schema, tests, order_s = msg
+        timer = FullCollectionTimer()
         try:
-            res = run_schema(engine, schema, tests, order_s)
+            with timer:
+                res = run_schema(engine, schema, tests, order_s)
         except Exception as e:  # noqa: BLE001
             res = {"compile_error": None, "crash": f"{type(e).__name__}: {e}", "ttfm_us": None,
                    "tbm_us": [], "tests": []}
         res["peak_rss_mib"] = _peak_rss_mib()
+        res["gc_pauses_ms"] = [p * 1e3 for p in timer.pauses]
         conn.send(("result", res))
 
 
 class Worker:
-    def __init__(self, name: str, tok_path: str):
-        self.name, self.tok_path = name, tok_path
+    def __init__(self, name: str, tok_path: str, gc_freeze: bool = True):
+        self.name, self.tok_path, self.gc_freeze = name, tok_path, gc_freeze
         self.ctx = mp.get_context("spawn")
         self.proc = None
         self.starts, self.ready_rss_mib = 0, 0.0   # worker processes started; their largest peak RSS when ready
@@ -375,7 +387,8 @@ class Worker:
 
     def start(self) -> None:
         self.conn, child = self.ctx.Pipe()
-        self.proc = self.ctx.Process(target=worker, args=(self.name, self.tok_path, child), daemon=True)
+        self.proc = self.ctx.Process(target=worker, args=(self.name, self.tok_path, child, self.gc_freeze),
+                                     daemon=True)
         self.proc.start()
         if not self.conn.poll(600):
             raise SystemExit(f"{self.name}: worker did not start")
@@ -453,6 +466,7 @@ def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
         per_split[sp][1] += 1
     s["per_split"] = dict(per_split)
     s["peak_rss_mib"] = max((r["peak_rss_mib"] for r in results if "peak_rss_mib" in r), default=float("nan"))
+    s["gc_pauses_ms"] = sorted(p for r in results for p in r.get("gc_pauses_ms", ()))
     # per schema: did it compile and run, and its (valid, accepted) outcomes, to compare engines
     # on the schemas they all handle
     s["ran"] = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash")
@@ -519,6 +533,17 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
              s.get("workers", "-")] for s in summaries]
     lines += ["### Peak RSS of the engine's worker process (MiB)", "",
               md_table(["engine", "tokenizer loaded", "over the run", "worker processes"], rows), ""]
+    rows = []
+    for s in summaries:
+        g = s.get("gc_pauses_ms", [])
+        rows.append([s["engine"], len(g), fmt(sum(g) / 1e3, 2), fmt(pct(g, 50), 1) if g else "-",
+                     fmt(g[-1], 1) if g else "-", sum(1 for p in g if p > 50)])
+    frozen = "frozen once the worker was ready" if not getattr(args, "no_gc_freeze", False) else "not frozen"
+    lines += ["### Full garbage collections in the worker (generation 2)", "",
+              f"Startup heap {frozen} (`gc.freeze`, as a server after its start: `src/grammask/pipeline/gc_heap.py`). "
+              "Pauses are timed over each schema's compile, masks and key-order searches; one that falls "
+              "inside a timed mask is part of that mask's time.", "",
+              md_table(["engine", "collections", "total (s)", "p50 (ms)", "longest (ms)", "over 50 ms"], rows), ""]
     base = {s["engine"]: s for s in summaries}
     if "grammask" in base and len(base) > 1:
         g = base["grammask"]
@@ -597,6 +622,8 @@ def main(argv=None) -> None:
     ap.add_argument("--ids", default=None,
                     help="comma-separated schema ids to run (instead of --every; own RESULTS.md section)")
     ap.add_argument("--no-write", action="store_true", help="print only; do not update RESULTS.md")
+    ap.add_argument("--no-gc-freeze", action="store_true",
+                    help="leave each worker's startup heap to the cyclic collector (default: frozen once ready)")
     ap.add_argument("--section", default=None,
                     help="with --ids: the RESULTS.md section's name, 'maskbench.py (NAME)' (default: selected schemas)")
     ap.add_argument("--plot", default=None,
@@ -631,7 +658,7 @@ def main(argv=None) -> None:
     t_start = time.time()
     summaries = []
     for name in engines:
-        w = Worker(name, tok.path)
+        w = Worker(name, tok.path, gc_freeze=not args.no_gc_freeze)
         results = []
         t0 = time.time()
         for k, (sid, split, schema, toks) in enumerate(tasks):

@@ -156,6 +156,9 @@ def _add_serve_parser(sub) -> None:
                    help="whitespace JSON formats allow (default flexible)")
     s.add_argument("--torch-threads", type=int, default=None, metavar="T",
                    help="torch.set_num_threads(T) (1 is often fastest on a busy CPU)")
+    s.add_argument("--no-gc-freeze", action="store_true",
+                   help="leave the started server's heap to the garbage collector's full collections "
+                        "(default: frozen out of them once the engine is ready, see pipeline/gc_heap.py)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
 
 
@@ -188,6 +191,7 @@ def _serve(args) -> int:
     engine_kwargs = {} if args.max_batch is None else {"max_batch": args.max_batch}
     if args.json_whitespace is not None:
         engine_kwargs["json_whitespace"] = args.json_whitespace
+    engine_kwargs["freeze_gc"] = not args.no_gc_freeze
     if args.model != "scripted" and args.backend != "transformers":
         # create_engine's own options, passed through the server's engine_kwargs
         engine_kwargs["backend"] = args.backend

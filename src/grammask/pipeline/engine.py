@@ -68,6 +68,7 @@ from ..grammar.bitmask import apply_token_bitmask_inplace, bitmask_words
 from ..grammar.compiler import GrammarCompiler
 from ..grammar.matcher import GrammarMatcher
 from .fast_forward import forced_tokens, token_index
+from .gc_heap import freeze_gc_heap
 from .protocol import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -216,19 +217,28 @@ class AsyncEngine:
                                         thread_name_prefix="grammask-masks") if parallel_masks else None
         self._compile_fn: Callable[[GrammarSpec, GrammarCompiler], Any] = compile_spec
         self.chat = _Chat(self)
+        #: objects frozen out of the garbage collector's full collections at the start (create(freeze_gc=True))
+        self.gc_frozen = 0
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    async def create(cls, backend=None, *, warmup: bool = True, **kwargs) -> "AsyncEngine":
+    async def create(cls, backend=None, *, warmup: bool = True, freeze_gc: bool = False,
+                     **kwargs) -> "AsyncEngine":
         """An engine over ``backend`` (a :class:`~.backend.ModelBackend`), warmed up in a worker
         thread. Loading a model (the embedded SmolLM2-135M-Instruct, a GGUF file or model folder,
-        a Hugging Face id) is the adapters' job: :func:`grammask.adapters.models.create_engine`."""
+        a Hugging Face id) is the adapters' job: :func:`grammask.adapters.models.create_engine`.
+
+        ``freeze_gc=True``: once started (and warmed up), freeze the process's heap out of the
+        cyclic garbage collector's full collections (:func:`.gc_heap.freeze_gc_heap`), so that
+        they stop stalling decode steps; for a process that serves (``grammask serve`` sets it)."""
         if backend is None or isinstance(backend, (str, os.PathLike)):
             raise TypeError("AsyncEngine.create needs a model backend; load a model by name or path with "
                             "grammask.adapters.models.create_engine(model, device=...)")
         engine = cls(backend, **kwargs)
         if warmup:
             await anyio.to_thread.run_sync(engine._warmup)
+        if freeze_gc:
+            engine.gc_frozen = freeze_gc_heap()
         return engine
 
     def _warmup(self) -> None:
