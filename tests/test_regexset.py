@@ -445,3 +445,55 @@ def test_compiled_expansion_is_the_derivative_construction(patterns):
             pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
         assert len(seen) >= 2
     assert fast.n_states == ref.n_states > 20
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["compiled-expansion", "derivatives"])
+def test_row_tables_grow_past_their_reservation_without_filling(monkeypatch, eager):
+    """Past :data:`~grammask.grammar.lexdfa.RESERVE_FROM` states the row tables (``trans``,
+    ``g_next``) jump to a large capacity that is allocated, not filled: each state's row is
+    written when the state is made. Made small here so that the jump, and a doubling past the
+    reservation, happen on a lexer of a few thousand states. Every state not expanded must read
+    ``UNKNOWN`` on all 256 bytes (a kernel reading garbage there would take it for a move), the
+    automaton must be the one the derivative construction builds with the old growth (same
+    states, same moves), and the memory charged is the rows in use, not the capacity."""
+    from grammask.grammar import lexdfa
+    from grammask.grammar.lexer import DEAD, UNKNOWN, Lexer
+
+    monkeypatch.setattr(lexdfa, "RESERVE_FROM", 64)
+    monkeypatch.setattr(lexdfa, "RESERVE_STATES", 1024)
+    ex = ExprSet()
+    words = [parse_regex(p, ex) for p in ("[a-c]{0,900}x", "[b-d]{0,1100}y", "b+z")]
+    lx = Lexer(ex, words, eager=eager)
+    s0 = lx.start_state([0, 1, 2])
+    lx.warm_up(s0, budget=2500)
+    for _ in range(3):   # expand the frontier, so that states made but not expanded remain
+        frontier = [s for s in range(lx.n_states) if not lx.expanded[s]]
+        lx.expand_many(frontier[: len(frontier) // 2])
+    n = lx.n_states
+    assert n > 2048 and lx.trans.shape[0] >= 4096 * 256   # past the reservation, doubled again
+    rows = lx.trans[: n * 256].reshape(n, 256)
+    unexpanded = ~lx.expanded[:n]
+    assert unexpanded.any()
+    assert (rows[unexpanded] == UNKNOWN).all()
+    assert not (rows[~unexpanded] == UNKNOWN).any()
+    assert lx.trans_bytes() == 1024 * n < lx.trans.nbytes
+    if eager:
+        assert lexdfa.dfas_bytes(lx._X) < sum(a.nbytes for a in lx._X)
+    # the same automaton as a lexer that never reached the reservation's size
+    monkeypatch.setattr(lexdfa, "RESERVE_FROM", 1 << 30)
+    ref = Lexer(ex, words, eager=False)
+    pairs = [(s0, ref.start_state([0, 1, 2]))]
+    seen = set()
+    while pairs:
+        sf, sr = pairs.pop()
+        if sf in seen:
+            continue
+        seen.add(sf)
+        assert lx.state_members(sf) == ref.state_members(sr)
+        lx.expand(sf)
+        ref.expand(sr)
+        tf = lx.trans[sf * 256:(sf + 1) * 256].tolist()
+        tr = ref.trans[sr * 256:(sr + 1) * 256].tolist()
+        assert [t == DEAD for t in tf] == [t == DEAD for t in tr]
+        pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
+    assert len(seen) == lx.n_states == ref.n_states > 2048

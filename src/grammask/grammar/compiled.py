@@ -216,7 +216,7 @@ class CompiledGrammar:
     @property
     def memory_size_bytes(self) -> int:
         lx = self.lexer
-        return int(sum(a.nbytes for a in self.G) + lx.trans.nbytes + lx.state_acc.nbytes
+        return int(sum(a.nbytes for a in self.G) + lx.trans_bytes() + lx.state_acc.nbytes
                    + lx.st_keys.nbytes + lx.st_vals.nbytes)
 
     def held_bytes(self) -> int:

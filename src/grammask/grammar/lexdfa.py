@@ -47,6 +47,14 @@ class FastCall:
         return r
 
 
+#: a lexer state's ``trans`` entry before the state is expanded (as :data:`.lexer.UNKNOWN`)
+UNKNOWN = -2
+
+#: row tables (lexer ``trans``, lexeme ``g_next``) double while their capacity is at most this
+#: many states, then reserve :data:`RESERVE_STATES` at once (see :func:`grown_capacity`)
+RESERVE_FROM = 4096
+RESERVE_STATES = 1 << 17
+
 #: kernel statuses
 DONE = 0
 NEED_ROOM = 1
@@ -72,13 +80,35 @@ def new_dfas(cap: int) -> LexemeDFAs:
                       np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64))
 
 
-def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
-    """``X`` with room for ``cap`` DFA states (arrays copied, the pair hash rebuilt)."""
-    C = 256
-    old = X.g_null.shape[0]
+def grown_capacity(cap: int, need: int) -> int:
+    """The capacity (states) an array of lexer or lexeme DFA states of capacity ``cap`` grows to
+    for ``need`` states: doubled while small; past :data:`RESERVE_FROM` at once
+    :data:`RESERVE_STATES` (at least), since the 256-entry row tables (``trans``, ``g_next``) are
+    allocated without being filled (rows are written as their states are made), so a large
+    capacity is address space, not memory, and the copy and page faults of a doubling no
+    longer land on one mask (a 32 MB table took 30-70 ms to grow)."""
+    while need > cap:
+        cap *= 2
+    if cap > RESERVE_FROM:
+        cap = max(cap, RESERVE_STATES)
+    return cap
+
+
+def dfas_bytes(X: LexemeDFAs) -> int:
+    """The memory ``X`` holds: ``g_next`` by its rows in use (the rest is never written)."""
     n = int(X.g_cnt[0])
-    nxt = np.full(cap * C, -1, np.int32)
-    nxt[:old * C] = X.g_next
+    return int(min(X.g_next.nbytes, 1024 * n) + sum(a.nbytes for a in X[1:]))
+
+
+def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
+    """``X`` with room for ``cap`` DFA states (the rows in use and the arrays copied, the pair
+    hash rebuilt). ``g_next`` rows of states without ``g_done`` are never read (:func:`fill_rows`
+    writes a whole row), so the new table is not filled."""
+    C = 256
+    n = int(X.g_cnt[0])
+    nxt = np.empty(cap * C, np.int32)
+    nxt[:n * C] = X.g_next[:n * C]
+    old = X.g_null.shape[0]
     arrs = []
     for a in (X.g_null, X.g_lex, X.g_done, X.g_expr):
         b = np.zeros(cap, a.dtype)
@@ -271,10 +301,11 @@ def _intern_acc(buf, k, acc_off, acc_lex, D):
 
 
 @njit(nogil=True, cache=True)
-def intern_members(buf, k, X, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max):
+def intern_members(buf, k, X, trans, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max):
     """The lexer state whose members are the DFA states ``buf[:k]`` (sorted here), added if new (room
-    for one state of ``k`` members must be reserved). Returns its id, or -1 past ``hard_max``
-    states. Sets ``D.cnt[6]`` (the generation is full) once ``max_states`` are reached."""
+    for one state of ``k`` members must be reserved) with its ``trans`` row all ``UNKNOWN``.
+    Returns its id, or -1 past ``hard_max`` states. Sets ``D.cnt[6]`` (the generation is full) once
+    ``max_states`` are reached."""
     cnt = D.cnt
     h_keys = D.h_keys
     ms_off = D.ms_off
@@ -301,8 +332,12 @@ def intern_members(buf, k, X, state_acc, acc_off, acc_lex, D, abuf, max_states, 
             abuf[na] = g_lex[buf[i]]
             na += 1
     _sort(abuf, na)
-    # the accepted set before the state is visible (another thread's kernel may read it)
+    # the accepted set and the row before the state is visible (another thread's kernel may
+    # read them); rows past the states are never read, so ``trans`` grows without filling them
     state_acc[s] = _intern_acc(abuf, na, acc_off, acc_lex, D) if na else -1
+    base = s * 256
+    for b in range(256):
+        trans[base + b] = UNKNOWN
     h_keys[j] = s
     cnt[0] = s + 1
     return s
@@ -392,7 +427,8 @@ def eager_expand(budget, spec_rows, max_states, hard_max, X, trans, state_acc, e
                             or cnt[5] + 1 > queue.shape[0]):
                         cnt[4] -= 1
                         return NEED_ROOM, s
-                    prev = intern_members(ibuf, k, X, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max)
+                    prev = intern_members(ibuf, k, X, trans, state_acc, acc_off, acc_lex, D, abuf, max_states,
+                                          hard_max)
                     if prev < 0:
                         return TOO_MANY, s
                     if cnt[0] > n0 and cnt[7] < budget and cnt[6] == 0:

@@ -46,7 +46,7 @@ from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED
 from .regexset import ExprSet, pack_ids
 
 DEAD = -1
-UNKNOWN = -2
+UNKNOWN = lexdfa.UNKNOWN   # -2
 ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
 _eager_expand = FastCall(eager_expand)
@@ -288,9 +288,7 @@ class Lexer:
         n = int(X.g_cnt[0])
         cap = X.g_null.shape[0]
         if n + k > cap:
-            while n + k > cap:
-                cap *= 2
-            self._X = lexdfa.grow_dfas(X, cap)
+            self._X = lexdfa.grow_dfas(X, lexdfa.grown_capacity(cap, n + k))
 
     def _g(self, lx: int, e: int) -> int:
         """The DFA state of lexeme ``lx`` at expression ``e`` (a new one has no row yet)."""
@@ -342,8 +340,8 @@ class Lexer:
         self._reserve(1, len(gs))
         buf = self._buf
         buf[:len(gs)] = gs
-        s = int(_intern_members(buf, len(gs), self._X, self.state_acc, self.acc_off,
-                               self.acc_lex, self._D, self._abuf, self.max_states, self.hard_max_states))
+        s = int(_intern_members(buf, len(gs), self._X, self.trans, self.state_acc, self.acc_off,
+                                self.acc_lex, self._D, self._abuf, self.max_states, self.hard_max_states))
         self._after_eager(s)
         return s
 
@@ -364,8 +362,7 @@ class Lexer:
         changed = False
         cap = self.state_acc.shape[0]
         if n + n_new + 1 > cap:
-            while n + n_new + 1 > cap:
-                cap *= 2
+            cap = lexdfa.grown_capacity(cap, n + n_new + 1)
             self._grow_states(cap)   # publishes trans/state_acc/expanded
         ms_off, ms_mem, h_keys, a_keys, queue, defer = D.ms_off, D.ms_mem, D.h_keys, D.a_keys, D.queue, D.defer
         if ms_off.shape[0] < cap + 1:
@@ -453,7 +450,8 @@ class Lexer:
                     f"lexer automaton exceeds {self.hard_max_states} states in one generation "
                     f"(one call needed more than {self.hard_max_states - self.max_states} new states)")
         if s >= self.state_acc.shape[0]:
-            self._grow_states(2 * self.state_acc.shape[0])
+            self._grow_states(lexdfa.grown_capacity(self.state_acc.shape[0], s + 1))
+        self.trans[s * 256:(s + 1) * 256] = UNKNOWN   # rows past the states are never filled
         self._states.append(members)
         self._state_ids[members] = s
         self.n_members += len(members)
@@ -462,9 +460,13 @@ class Lexer:
         return s
 
     def _grow_states(self, cap: int) -> None:
+        """Room for ``cap`` states: the rows of the states made so far are copied, the others
+        left unwritten (each is filled with ``UNKNOWN`` when its state is made: nothing reads a
+        row past the states), so a large ``cap`` costs address space until it is used."""
         old = self.state_acc.shape[0]
-        trans = np.full(cap * 256, UNKNOWN, dtype=np.int32)
-        trans[: old * 256] = self.trans
+        n = self.n_states
+        trans = np.empty(cap * 256, dtype=np.int32)
+        trans[: n * 256] = self.trans[: n * 256]
         acc = np.full(cap, -1, dtype=np.int32)
         acc[:old] = self.state_acc
         exp = np.zeros(cap, dtype=np.bool_)
@@ -568,8 +570,12 @@ class Lexer:
     def table_bytes(self) -> int:
         """Bytes of the tables kernels read (transitions, accepted sets, start states) and the
         expanded flags; what a compile's memory bound charges for its lexer."""
-        return int(self.trans.nbytes + self.state_acc.nbytes + self.expanded.nbytes + self.acc_off.nbytes
+        return int(self.trans_bytes() + self.state_acc.nbytes + self.expanded.nbytes + self.acc_off.nbytes
                    + self.acc_lex.nbytes + self.st_keys.nbytes + self.st_vals.nbytes)
+
+    def trans_bytes(self) -> int:
+        """The memory of ``trans``: its rows in use (past them it is address space, never written)."""
+        return int(min(self.trans.nbytes, 1024 * max(self.n_states, 64)))
 
     def held_bytes(self) -> int:
         """An estimate of the memory this generation holds: its arrays, its states (the member
@@ -581,7 +587,7 @@ class Lexer:
         if mc is not None:   # the state cache (:mod:`.state_cache`)
             arrays += mc.nbytes
         if self.eager:   # the compiled expansion's lexeme DFAs and member store
-            arrays += sum(a.nbytes for a in self._X) + sum(a.nbytes for a in self._D)
+            arrays += lexdfa.dfas_bytes(self._X) + sum(a.nbytes for a in self._D)
         return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members
                    + self.grown_exprs_bytes())
 
