@@ -444,7 +444,7 @@ def load_schemas(data_dir: Path, every: int, max_schemas: int | None):
     return out[:max_schemas] if max_schemas else out
 
 
-def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
+def summarize(name: str, results: list[dict], splits: list[str], ids: list[str] | None = None) -> dict:
     tbm = sorted(t for r in results for t in r["tbm_us"])
     ttfm = sorted(r["ttfm_us"] for r in results if r["ttfm_us"] is not None)
     s = {"engine": name, "schemas": len(results), "tbm": tbm, "ttfm": ttfm,
@@ -467,6 +467,9 @@ def summarize(name: str, results: list[dict], splits: list[str]) -> dict:
     s["per_split"] = dict(per_split)
     s["peak_rss_mib"] = max((r["peak_rss_mib"] for r in results if "peak_rss_mib" in r), default=float("nan"))
     s["gc_pauses_ms"] = sorted(p for r in results for p in r.get("gc_pauses_ms", ()))
+    # the schemas of the slowest masks (each schema once)
+    s["worst"] = sorted(((max(r["tbm_us"]), sid) for r, sid in zip(results, ids or [""] * len(results))
+                         if r["tbm_us"]), reverse=True)[:6]
     # per schema: did it compile and run, and its (valid, accepted) outcomes, to compare engines
     # on the schemas they all handle
     s["ran"] = [r["ttfm_us"] is not None and not r.get("timeout") and not r.get("crash")
@@ -513,6 +516,11 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
         rows.append([s["engine"], len(v), fmt(sum(v) / len(v) if v else float("nan"))]
                     + [fmt(pct(v, q)) for q in qs] + [fmt(v[-1] if v else float("nan"))])
     lines += ["### TBM: time between masks (µs)", "", md_table(head, rows), ""]
+    for s in summaries:
+        if s.get("worst"):
+            lines.append(f"Slowest masks, {s['engine']}: "
+                         + ", ".join(f"{sid} ({us / 1000:,.1f} ms)" for us, sid in s["worst"]) + ".")
+    lines.append("")
     rows = []
     for s in summaries:
         v = s["tbm_warm"]
@@ -666,7 +674,7 @@ def main(argv=None) -> None:
             if (k + 1) % 50 == 0:
                 print(f"  {name}: {k + 1}/{len(tasks)} schemas, {time.time() - t0:.0f} s", file=sys.stderr)
         w.close()
-        s = summarize(name, results, [t[1] for t in tasks])
+        s = summarize(name, results, [t[1] for t in tasks], [t[0] for t in tasks])
         s["ready_rss_mib"], s["workers"] = w.ready_rss_mib, w.starts
         s["failures"] = [(t[0], "timeout" if r.get("timeout") else "crash" if r.get("crash")
                           else f"mask error: {r['mask_error']}" if r.get("mask_error")

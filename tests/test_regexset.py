@@ -120,11 +120,16 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
     ex.concat(ex.literal("abc"), ex.literal("d"))   # a re-nested concatenation: memoised
     assert ex._chain_memo
     for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo", "_chain_memo",
-                 "_partition_cache", "_trans", "_lexer_moves", "_packed_trans"):
+                 "_partition_cache", "_trans", "_lexer_moves"):
         table = getattr(ex, name) if hasattr(ex, name) else ex.__dict__[name]
         assert not gc.is_tracked(table), (name, [(k, v) for k, v in table.items() if gc.is_tracked(k) or gc.is_tracked(v)][:3] if isinstance(table, dict) else None)
         if isinstance(table, dict):
             assert not any(gc.is_tracked(v) for v in table.values()), name
+    # the compiled expansion's rows: flat arrays (grammar/rowstore.py)
+    from grammask.grammar.rowstore import row_store
+
+    assert len(row_store(ex)) >= len(words)
+    assert all(type(a).__name__ == "ndarray" and not gc.is_tracked(a) for a in row_store(ex).arrays)
 
 
 @pytest.mark.parametrize("cap", [1, 3, 1 << 15])

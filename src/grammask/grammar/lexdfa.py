@@ -4,8 +4,8 @@ A lexer state is a set of members, one per lexeme still possible: the lexeme and
 by the bytes read so far. Here a member is a *DFA state* of its lexeme, named by a small int
 ``g`` (one numbering for all the lexemes of a lexer generation: ``g_lex[g]`` is the lexeme,
 ``Lexer._g_expr[g]`` the derivative, ``g_null[g]`` whether it accepts). The lexemes' DFAs are built
-lazily too, one row at a time (:meth:`~.regexset.ExprSet.transitions`, memoised per ExprSet,
-so shared by every grammar of a compiler, written by :func:`fill_rows`): ``g_next[g * 256 + b]``
+lazily too, one row at a time (:meth:`~.regexset.ExprSet.transitions`, stored per ExprSet,
+so shared by every grammar of a compiler, written by :func:`.rowstore.fill_stored_rows`): ``g_next[g * 256 + b]``
 is the next DFA state on byte ``b`` (-1 dead), valid once ``g_done[g]``. There are far fewer lexeme DFA states than
 lexer states (which are combinations of them), so the Python work is far smaller.
 
@@ -102,7 +102,7 @@ def dfas_bytes(X: LexemeDFAs) -> int:
 
 def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
     """``X`` with room for ``cap`` DFA states (the rows in use and the arrays copied, the pair
-    hash rebuilt). ``g_next`` rows of states without ``g_done`` are never read (:func:`fill_rows`
+    hash rebuilt). ``g_next`` rows of states without ``g_done`` are never read (:func:`.rowstore.fill_stored_rows`
     writes a whole row), so the new table is not filled."""
     C = 256
     n = int(X.g_cnt[0])
@@ -117,28 +117,6 @@ def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
     keys = np.full(2 * cap, -1, np.int32)
     _rehash_g(keys, arrs[3], arrs[1], n)
     return X._replace(g_next=nxt, g_null=arrs[0], g_lex=arrs[1], g_done=arrs[2], g_expr=arrs[3], g_keys=keys)
-
-
-def packed_memo(exprs) -> dict:
-    """The ExprSet's memo of :func:`packed_transitions` (expression -> packed row)."""
-    return exprs.__dict__.setdefault("_packed_trans", {})
-
-
-def packed_transitions(exprs, e: int):
-    """``transitions(e)`` as flat bytes (memoised per ExprSet, as a tuple of bytes that the
-    garbage collector stops tracking): the byte sets as 4 little-endian uint64 words each, the
-    targets (int64) and whether each target is nullable (uint8)."""
-    memo = packed_memo(exprs)
-    r = memo.get(e)
-    if r is None:
-        tr = exprs.transitions(e)
-        r = (b"".join([m.to_bytes(32, "little") for m, _t in tr]),
-             np.array([t for _m, t in tr], np.int64).tobytes(),
-             bytes([1 if exprs.nullable(t) else 0 for _m, t in tr]))
-        if len(memo) >= 500_000:
-            memo.clear()
-        memo[e] = r
-    return r
 
 
 @njit(nogil=True, cache=True)
@@ -182,38 +160,6 @@ def g_intern(X, expr, lx, null):
     keys[j] = g
     X.g_cnt[0] = g + 1
     return g
-
-
-@njit(nogil=True, cache=True)
-def fill_rows(gs, off, masks, targets, tnull, X):
-    """The DFA rows of the states ``gs``: state ``gs[i]`` moves on the byte sets
-    ``masks[off[i]:off[i + 1]]`` (4 uint64 words each) to the expressions ``targets`` (of the
-    same lexeme; nullable per ``tnull``), dead elsewhere. Room for ``off[-1]`` new DFA states must
-    be reserved."""
-    g_next = X.g_next
-    for i in range(gs.shape[0]):
-        g = gs[i]
-        if X.g_done[g]:
-            continue
-        lx = X.g_lex[g]
-        base = g * 256
-        for b in range(256):
-            g_next[base + b] = -1
-        for j in range(off[i], off[i + 1]):
-            t = g_intern(X, targets[j], lx, tnull[j])
-            for w in range(4):
-                x = masks[j, w]
-                while x:
-                    low = x & (~x + np.uint64(1))
-                    # index of the lowest set bit
-                    k = 0
-                    y = low
-                    while y > np.uint64(1):
-                        y >>= np.uint64(1)
-                        k += 1
-                    g_next[base + 64 * w + k] = t
-                    x ^= low
-        X.g_done[g] = True
 
 
 def new_store(cap_states: int, cap_mem: int, cap_acc: int) -> ExpandStore:

@@ -40,8 +40,8 @@ import numpy as np
 from numba import njit
 
 from ..errors import GrammarTooComplexError
-from . import lexdfa
-from .lexdfa import FastCall, eager_expand, fill_rows, g_intern, intern_members
+from . import lexdfa, rowstore
+from .lexdfa import FastCall, eager_expand, g_intern, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
 from .regexset import ExprSet, pack_ids
 
@@ -51,7 +51,7 @@ ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
 _eager_expand = FastCall(eager_expand)
 _intern_members = FastCall(intern_members)
-_fill_rows = FastCall(fill_rows)
+_fill_stored_rows = FastCall(rowstore.fill_stored_rows)
 _g_intern = FastCall(g_intern)
 #: state moves kept per ExprSet (shared by its grammars) before the cache starts over
 MAX_CACHED_MOVES = 50_000
@@ -177,16 +177,16 @@ def _rehashed(keys: np.ndarray, need: int, off: np.ndarray, data: np.ndarray, n:
 class _Counting:
     """:meth:`Lexer.counting` (a plain context manager: it is entered at every expansion)."""
 
-    __slots__ = ("lx", "ex", "packed", "n0")
+    __slots__ = ("lx", "ex", "store", "n0")
 
     def __init__(self, lx: "Lexer"):
         self.lx = lx
         self.ex = lx.exprs
-        self.packed = lexdfa.packed_memo(self.ex)   # the compiled expansion's rows
+        self.store = rowstore.row_store(self.ex)   # the compiled expansion's rows
 
     def __enter__(self):
         ex = self.ex
-        self.n0 = (len(ex), len(ex._deriv), len(self.lx._moves_cache), len(self.packed))
+        self.n0 = (len(ex), len(ex._deriv), len(self.lx._moves_cache), self.store.added)
         return self
 
     def __exit__(self, *exc):
@@ -195,7 +195,7 @@ class _Counting:
         lx.grown_nodes += max(0, len(ex) - n0)
         lx.grown_derivs += max(0, len(ex._deriv) - d0)
         lx.grown_moves += max(0, len(lx._moves_cache) - m0)
-        lx.grown_packed += max(0, len(self.packed) - p0)
+        lx.grown_packed += max(0, self.store.added - p0)
         return False
 
 
@@ -282,6 +282,7 @@ class Lexer:
         self._pbuf = np.zeros(nl, np.int32)
         self._ibuf = np.zeros(nl, np.int32)
         self._abuf = np.zeros(nl, np.int32)
+        self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
 
     def _reserve_g(self, k: int) -> None:
         X = self._X
@@ -297,43 +298,30 @@ class Lexer:
 
     def _fill_rows(self, gs) -> None:
         """The DFA rows of the DFA states ``gs`` that have none yet: their transitions
-        (derivatives, memoised per ExprSet) written by :func:`.lexdfa.fill_rows`. Then also the
-        rows of the new DFA states they lead to whose transitions are already memoised (no
-        derivative to compute: rows other grammars of the compiler needed), breadth first, up to
-        :data:`EAGER_FREE_ROWS` of them, so that speculative expansion can go on from them."""
+        (derivatives, stored per ExprSet: :mod:`.rowstore`) written in one Numba call
+        (:func:`.rowstore.fill_stored_rows`), with, breadth first, the rows of up to
+        :data:`EAGER_FREE_ROWS` of the new DFA states they lead to whose transitions are stored
+        already (no derivative to compute: rows other grammars of the compiler needed), so that
+        speculative expansion can go on from them."""
         ex = self.exprs
-        memo = lexdfa.packed_memo(ex)
+        store = rowstore.row_store(ex)
+        X = self._X
+        arr = np.asarray(gs, np.int64)
+        exprs = X.g_expr[arr]
+        store.ensure(exprs.tolist())
         free = EAGER_FREE_ROWS
-        while gs:
-            n0 = int(self._X.g_cnt[0])
-            self._fill_rows_once(gs)
-            n1 = int(self._X.g_cnt[0])
-            if free <= 0 or n1 == n0:
+        queue = self._free_queue
+        if queue.shape[0] < free:
+            queue = self._free_queue = np.zeros(free, np.int64)
+        while True:
+            self._reserve_g(int(store.arrays.count[exprs].sum()) + free)
+            st, k = _fill_stored_rows(arr, self._X, store.arrays, free, queue)
+            if st == rowstore.DONE:
                 break
-            g_expr = self._X.g_expr
-            gs = [g for g in range(n0, min(n1, n0 + free)) if int(g_expr[g]) in memo]
-            free -= len(gs)
+            arr, exprs = arr[k:], exprs[k:]   # NEED_ROOM: the rows before k are written
         # the lexeme DFAs are bounded with the lexer states (1 KiB per row each)
         if len(ex) - self._base_nodes > MAX_GENERATION_NODES or int(self._X.g_cnt[0]) >= self.max_states:
             self.full = True
-
-    def _fill_rows_once(self, gs) -> None:
-        ex = self.exprs
-        pt = lexdfa.packed_transitions
-        packed = [pt(ex, e) for e in self._X.g_expr[gs].tolist()]
-        off = [0]
-        total = 0
-        for p in packed:
-            total += len(p[2])
-            off.append(total)
-        self._reserve_g(total)
-        if len(packed) == 1:
-            m, t, n = packed[0]
-        else:
-            m, t, n = (b"".join([p[0] for p in packed]), b"".join([p[1] for p in packed]),
-                       b"".join([p[2] for p in packed]))
-        _fill_rows(np.array(gs, np.int64), np.array(off, np.int64), np.frombuffer(m, np.uint64).reshape(total, 4),
-                   np.frombuffer(t, np.int64), np.frombuffer(n, np.uint8), self._X)
 
     def _eager_intern(self, gs: list[int]) -> int:
         """Intern the lexer state of DFA states ``gs`` (not expanded)."""

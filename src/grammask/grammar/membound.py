@@ -68,7 +68,7 @@ STATE_BYTES = 400
 MEMBER_BYTES = 80
 #: one entry of an ExprSet's lexer-moves cache (a byte-class row and its target tuples)
 MOVES_BYTES = 1400
-#: one expression's packed transitions for the compiled lexer expansion (byte masks, targets)
+#: one expression's stored transitions for the compiled lexer expansion (rowstore.py: byte masks, targets)
 PACKED_BYTES = 400
 
 

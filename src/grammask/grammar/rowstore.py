@@ -1,0 +1,204 @@
+"""Memoised lexeme-DFA rows in flat arrays, one store per ExprSet (see docs/lexer.md, "Compiled
+expansion").
+
+The transitions of an expression (:meth:`~.regexset.ExprSet.transitions`: the byte sets on which
+its derivative is alive, and those derivatives) are a property of the expression alone, so every
+lexer of every grammar sharing an ExprSet can reuse them: a compiler's grammars share most of
+their lexemes (strings, numbers, punctuation after whitespace). They are kept here in arrays, so
+that :func:`fill_stored_rows` writes the DFA rows of a lexer's frontier, and breadth first the
+rows those lead to whose transitions are stored too, in one Numba call. Python computes only the
+transitions not stored yet (the derivatives), and passes no bytes or per-row arrays.
+
+Layout (:class:`RowArrays`): expression ``e`` is stored when ``first[e] > 0``; its ``count[e]``
+transitions are entries ``first[e] - 1`` onwards: the byte set ``mask[i]`` (4 uint64 words,
+byte ``b`` is bit ``b % 64`` of word ``b // 64``), the target expression ``tgt[i]`` and whether
+it is nullable (``null[i]``). ``cnt`` holds the entries used and the expressions stored.
+
+Every reader and writer holds the ExprSet's lock (the lexers' expansion does). Past
+:data:`MAX_STORED_EXPRS` expressions the store starts over (a fresh set of arrays: the memory a
+long-lived compiler holds stays bounded, as the derivative memo's).
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+from .lexdfa import g_intern
+
+#: expressions stored before the store starts over
+MAX_STORED_EXPRS = 500_000
+
+RowArrays = namedtuple("RowArrays", "first count mask tgt null cnt")
+
+#: :func:`fill_stored_rows` statuses
+DONE = 0
+NEED_ROOM = 1   # the lexeme DFA arrays need room for more states: grow them and call again
+
+
+def _new_arrays(cap_exprs: int, cap_entries: int) -> RowArrays:
+    # ``first`` and ``count`` are indexed by expression id, up to the ExprSet's size: zeros are
+    # mapped lazily, so a large capacity costs nothing until written
+    return RowArrays(np.zeros(cap_exprs, np.int64), np.zeros(cap_exprs, np.int32),
+                     np.zeros((cap_entries, 4), np.uint64), np.zeros(cap_entries, np.int64),
+                     np.zeros(cap_entries, np.uint8), np.zeros(2, np.int64))
+
+
+class RowStore:
+    """The store of one ExprSet (:func:`row_store`)."""
+
+    def __init__(self, exprs):
+        self.exprs = exprs
+        self.arrays = _new_arrays(max(1024, 2 * len(exprs)), 4096)
+        #: expressions stored over the store's life (the memory estimate of the lexers that grew it)
+        self.added = 0
+
+    def __len__(self) -> int:
+        return int(self.arrays.cnt[1])
+
+    def has(self, e: int) -> bool:
+        a = self.arrays
+        return e < a.first.shape[0] and a.first[e] > 0
+
+    def ensure(self, es) -> None:
+        """Store the transitions of every expression of ``es`` not stored yet (computed by
+        derivatives: :meth:`~.regexset.ExprSet.transitions`)."""
+        ex = self.exprs
+        a = self.arrays
+        first = a.first
+        n = first.shape[0]
+        todo = [e for e in es if e >= n or not first[e]]
+        if not todo:
+            return
+        if len(self) + len(todo) > MAX_STORED_EXPRS:
+            # start over; every expression asked for is stored again
+            self.arrays = _new_arrays(max(1024, 2 * len(ex)), 4096)
+            todo = list(es)
+        for e in dict.fromkeys(todo):   # distinct, in order
+            tr = ex.transitions(e)
+            self._add(e, tr, [ex.nullable(t) for _m, t in tr])
+
+    def _add(self, e: int, tr, nullable) -> None:
+        a = self.arrays
+        n_e = len(self.exprs)
+        if e >= a.first.shape[0] or n_e > a.first.shape[0]:
+            cap = a.first.shape[0]
+            while cap < max(e + 1, n_e):
+                cap *= 2
+            first = np.zeros(cap, np.int64)
+            first[:a.first.shape[0]] = a.first
+            count = np.zeros(cap, np.int32)
+            count[:a.count.shape[0]] = a.count
+            a = self.arrays = a._replace(first=first, count=count)
+        used = int(a.cnt[0])
+        k = len(tr)
+        if used + k > a.tgt.shape[0]:
+            cap = a.tgt.shape[0]
+            while cap < used + k:
+                cap *= 2
+            mask = np.zeros((cap, 4), np.uint64)
+            mask[:used] = a.mask[:used]
+            tgt = np.zeros(cap, np.int64)
+            tgt[:used] = a.tgt[:used]
+            null = np.zeros(cap, np.uint8)
+            null[:used] = a.null[:used]
+            a = self.arrays = a._replace(mask=mask, tgt=tgt, null=null)
+        for i, (m, t) in enumerate(tr):
+            row = a.mask[used + i]
+            for w in range(4):
+                row[w] = (m >> (64 * w)) & 0xFFFF_FFFF_FFFF_FFFF
+            a.tgt[used + i] = t
+            a.null[used + i] = 1 if nullable[i] else 0
+        a.count[e] = k
+        a.first[e] = used + 1
+        a.cnt[0] = used + k
+        a.cnt[1] += 1
+        self.added += 1
+
+
+def row_store(exprs) -> RowStore:
+    """The ExprSet's row store (made on first use; callers hold ``exprs.lock``)."""
+    s = exprs.__dict__.get("_row_store")
+    if s is None:
+        s = exprs.__dict__["_row_store"] = RowStore(exprs)
+    return s
+
+
+@njit(nogil=True, cache=True)
+def _lowbit_index(x):
+    k = 0
+    y = x & (~x + np.uint64(1))
+    while y > np.uint64(1):
+        y >>= np.uint64(1)
+        k += 1
+    return k
+
+
+@njit(nogil=True, cache=True)
+def fill_stored_rows(gs, X, S, free, queue):
+    """Write the DFA rows of the lexeme DFA states ``gs`` that have none (their expressions'
+    transitions must be stored), then, breadth first, of up to ``free`` of the new DFA states
+    they lead to whose expressions' transitions are stored. ``queue`` is scratch space of at least
+    ``free`` entries. A row is written only when ``X`` has room for every target it may add; if
+    not, returns ``(NEED_ROOM, k)`` with the rows of ``gs[:k]`` written (grow ``X``, call again
+    with ``gs[k:]``), else ``(DONE, len(gs))``."""
+    cap = X.g_null.shape[0]
+    first = S.first
+    count = S.count
+    n_first = first.shape[0]
+    qn = 0
+    for i in range(gs.shape[0]):
+        g = gs[i]
+        if X.g_done[g]:
+            continue
+        e = X.g_expr[g]
+        if e >= n_first or first[e] == 0:
+            continue   # not stored (the caller stores them first: never here)
+        k = count[e]
+        if X.g_cnt[0] + k > cap:
+            return NEED_ROOM, i
+        n0 = X.g_cnt[0]
+        _write_row(g, e, X, S)
+        # the new states this row made: candidates for the free rows
+        for h in range(n0, X.g_cnt[0]):
+            if qn < free:
+                queue[qn] = h
+                qn += 1
+    head = 0
+    while head < qn:
+        g = queue[head]
+        head += 1
+        if X.g_done[g]:
+            continue
+        e = X.g_expr[g]
+        if e >= n_first or first[e] == 0:
+            continue
+        if X.g_cnt[0] + count[e] > cap:
+            break
+        n0 = X.g_cnt[0]
+        _write_row(g, e, X, S)
+        for h in range(n0, X.g_cnt[0]):
+            if qn < free:
+                queue[qn] = h
+                qn += 1
+    return DONE, gs.shape[0]
+
+
+@njit(nogil=True, cache=True)
+def _write_row(g, e, X, S):
+    g_next = X.g_next
+    lx = X.g_lex[g]
+    base = g * 256
+    for b in range(256):
+        g_next[base + b] = -1
+    lo = S.first[e] - 1
+    for j in range(lo, lo + S.count[e]):
+        t = g_intern(X, S.tgt[j], lx, S.null[j])
+        for w in range(4):
+            x = S.mask[j, w]
+            while x:
+                k = _lowbit_index(x)
+                g_next[base + 64 * w + k] = t
+                x &= x - np.uint64(1)
+    X.g_done[g] = True

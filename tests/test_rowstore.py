@@ -1,0 +1,112 @@
+"""The per-ExprSet store of lexeme DFA rows (grammar/rowstore.py) and the kernel filling rows from it."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from grammask.grammar import lexdfa, rowstore
+from grammask.grammar.lexer import DEAD, Lexer
+from grammask.grammar.regex import parse_regex
+from grammask.grammar.regexset import ExprSet
+
+PATTERNS = ("\\s*\"name\"", "\\s*[0-9]+(\\.[0-9]+)?", '"([^"\\\\]|\\\\.){0,12}"', "true|false", "[a-z]+é?")
+
+
+def _decoded(store, e):
+    a = store.arrays
+    lo = int(a.first[e]) - 1
+    out = []
+    for j in range(lo, lo + int(a.count[e])):
+        m = sum(int(a.mask[j, w]) << (64 * w) for w in range(4))
+        out.append((m, int(a.tgt[j]), bool(a.null[j])))
+    return out
+
+
+def test_stored_rows_are_the_transitions():
+    ex = ExprSet()
+    words = [parse_regex(p, ex) for p in PATTERNS]
+    store = rowstore.row_store(ex)
+    assert rowstore.row_store(ex) is store
+    # a few derivatives deep, so the ids grow past the store's first capacity
+    todo, seen = list(words), set()
+    while todo and len(seen) < 300:
+        e = todo.pop()
+        if e in seen:
+            continue
+        seen.add(e)
+        todo.extend(t for _m, t in ex.transitions(e))
+    store.ensure(sorted(seen))
+    assert len(store) == len(seen)
+    for e in seen:
+        assert store.has(e)
+        assert _decoded(store, e) == [(m, t, ex.nullable(t)) for m, t in ex.transitions(e)]
+    store.ensure(sorted(seen))   # stored once
+    assert len(store) == store.added == len(seen)
+
+
+def test_a_second_lexer_over_the_same_exprset_computes_no_derivative():
+    """Rows are per expression, so a second grammar with the same lexemes (a compiler's grammars
+    share most of theirs) writes its DFA rows from the store."""
+    ex = ExprSet()
+    words = [parse_regex(p, ex) for p in PATTERNS]
+    first = Lexer(ex, words, eager=True)
+    first.warm_up(first.start_state(list(range(len(words)))), budget=300)
+    store = rowstore.row_store(ex)
+    n_derivs, n_stored = len(ex._deriv), store.added
+    second = Lexer(ex, words, eager=True)
+    second.warm_up(second.start_state(list(range(len(words)))), budget=300)
+    assert second.n_states == first.n_states > 20
+    assert len(ex._deriv) == n_derivs and store.added == n_stored
+
+
+def test_kernel_asks_for_room_and_writes_the_rows_before():
+    ex = ExprSet()
+    e = parse_regex("[a-c]x|[d-f]y|[g-i]z", ex)   # three transitions
+    store = rowstore.row_store(ex)
+    store.ensure([e])
+    X = lexdfa.new_dfas(8)   # capacities are powers of two (the pair hash's size)
+    g0, g1, g2 = (int(lexdfa.g_intern(X, e, lx, 0)) for lx in range(3))   # one expression, 3 lexemes
+    queue = np.zeros(8, np.int64)
+    # 3 states, then 3 new targets per row: the first row fits in 8 states, the second does not
+    gs = np.array([g0, g1, g2], np.int64)
+    st, k = rowstore.fill_stored_rows(gs, X, store.arrays, 0, queue)
+    assert (st, k) == (rowstore.NEED_ROOM, 1)
+    assert X.g_done[g0] and not X.g_done[g1] and int(X.g_cnt[0]) == 6
+    X = lexdfa.grow_dfas(X, 16)
+    st, k = rowstore.fill_stored_rows(gs[k:], X, store.arrays, 0, queue)
+    assert (st, k) == (rowstore.DONE, 2) and X.g_done[g1] and X.g_done[g2]
+    for g, lx in ((g0, 0), (g1, 1), (g2, 2)):
+        row = X.g_next[g * 256:(g + 1) * 256]
+        for m, t in ex.transitions(e):
+            for b in range(256):
+                if (m >> b) & 1:
+                    h = int(row[b])
+                    assert X.g_expr[h] == t and X.g_lex[h] == lx
+        allowed = {b for m, _t in ex.transitions(e) for b in range(256) if (m >> b) & 1}
+        assert all((int(row[b]) >= 0) == (b in allowed) for b in range(256))
+
+
+def test_the_store_starting_over_keeps_the_automaton(monkeypatch):
+    """Past MAX_STORED_EXPRS the store starts over; the lexer built across restarts is the
+    derivative construction's."""
+    monkeypatch.setattr(rowstore, "MAX_STORED_EXPRS", 5)
+    ex = ExprSet()
+    words = [parse_regex(p, ex) for p in PATTERNS]
+    fast = Lexer(ex, words, eager=True)
+    ref = Lexer(ex, words, eager=False)
+    pairs = [(fast.start_state(list(range(len(words)))), ref.start_state(list(range(len(words)))))]
+    seen = set()
+    while pairs:
+        sf, sr = pairs.pop()
+        if sf in seen:
+            continue
+        seen.add(sf)
+        assert fast.state_members(sf) == ref.state_members(sr)
+        fast.expand(sf, budget=3)
+        ref.expand(sr)
+        tf = fast.trans[sf * 256:(sf + 1) * 256].tolist()
+        tr = ref.trans[sr * 256:(sr + 1) * 256].tolist()
+        assert [t == DEAD for t in tf] == [t == DEAD for t in tr]
+        pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
+    assert len(seen) == fast.n_states == ref.n_states > 20
+    assert rowstore.row_store(ex).added > 2 * len(rowstore.row_store(ex))   # it did start over
