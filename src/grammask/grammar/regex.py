@@ -43,7 +43,7 @@ import weakref
 from typing import Iterable
 
 from ..errors import GrammarTooComplexError, RegexSyntaxError, UnsupportedRegexError
-from .regexset import EMPTY, EPS, ExprSet
+from .regexset import CONCAT, EMPTY, EPS, REPEAT, ExprSet
 
 __all__ = [
     "MAX_REPEAT",
@@ -745,6 +745,34 @@ def parse_regex(pattern: str, exprs: ExprSet) -> int:
     return exprs.alt(*parts)
 
 
+def _trim_search(x: ExprSet, e: int) -> int:
+    """An expression ``f`` with ``.*f.*`` the language of ``.*e.*``: a counted repetition
+    ``r{lo,hi}`` at either end of ``e`` becomes ``r{lo}`` (dropped when ``lo`` is 0), repeatedly.
+    A string with a substring ``r^k b`` (``lo <= k <= hi``) has the substring ``r^lo b`` and the
+    other way round, so the upper bound says nothing in a search; left as it was, it made every
+    position of the search count (``[A-Za-z0-9-_.:]{1,255}`` in ``patternProperties``: 255
+    intertwined counters, 0.2 s for the derivatives of one mask)."""
+    items = []
+    rest = e
+    while x.kind[rest] == CONCAT:
+        a, rest = x.args[rest]
+        items.append(a)
+    items.append(rest)
+    changed = False
+    for end in (0, -1):
+        while items and x.kind[items[end]] == REPEAT:
+            r, lo, hi = x.args[items[end]]
+            if hi == lo:
+                break
+            changed = True
+            if lo == 0:
+                items.pop(end)
+            else:
+                items[end] = x.repeat(r, lo, lo)
+                break
+    return x.concat(*items) if changed else e
+
+
 def search_regex(pattern: str, exprs: ExprSet) -> int:
     """The expression of JSON Schema ``pattern`` semantics (ECMA ``RegExp.prototype.test``).
 
@@ -759,7 +787,7 @@ def search_regex(pattern: str, exprs: ExprSet) -> int:
     parts = []
     for looks, node in _parse(pattern, x):
         if not isinstance(node, _Ctx) and not looks:
-            parts.append(x.concat(anything, node, anything))
+            parts.append(x.concat(anything, _trim_search(x, node), anything))
             continue
         # the input from the match start on: a match, then anything
         at_start = x.intersect(_prefix_match(x, node, 1), *_conditions(x, looks, 1))
