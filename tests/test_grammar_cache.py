@@ -192,3 +192,52 @@ def test_what_a_first_generation_left_in_the_grammars_exprset_still_counts():
         assert m.accept_string("q")
     assert cg.lexer_generations >= 1 and cg._retired_bytes > 0
     assert cg.held_bytes() >= cg._retired_bytes + cg.lexer.held_bytes()
+
+
+def test_no_full_collection_while_a_grammar_compiles(monkeypatch):
+    """Full collections during a compile walk the compile's own objects over and over (the
+    slowest TTFMs): the oldest generation's threshold is out of reach inside a compile, for every
+    compile running, and back after the last one ends, failed or not; the young generations are
+    still collected."""
+    import gc
+
+    from grammask.grammar import compiler as compiler_mod
+
+    before = gc.get_threshold()
+    seen = []
+    inside = threading.Event()
+    release = threading.Event()
+    real = compiler_mod.CompiledGrammar
+
+    def spy(*args, **kwargs):
+        seen.append(gc.get_threshold())
+        if kwargs.get("source") == "slow":
+            inside.set()
+            assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(compiler_mod, "CompiledGrammar", spy)
+    c = GrammarCompiler(INFO, cache_size=0)
+    c.compile_grammar('root ::= "a"')
+    assert seen == [(before[0], before[1], 1 << 30)] and gc.get_threshold() == before
+    with pytest.raises(GrammarSyntaxError):
+        c.compile_grammar("root ::= (")
+    assert gc.get_threshold() == before
+    # two compiles at once: the first to end leaves the other's setting
+    slow = threading.Thread(target=lambda: c._bounded(lambda: spy(_grammar(), INFO, source="slow")))
+    slow.start()
+    assert inside.wait(10)
+    c.compile_grammar('root ::= "b"')
+    assert gc.get_threshold()[2] == 1 << 30
+    release.set()
+    slow.join(10)
+    assert gc.get_threshold() == before and seen[-1][2] == 1 << 30
+    monkeypatch.setattr(compiler_mod, "PAUSE_GC_WHILE_COMPILING", False)
+    c.compile_grammar('root ::= "d"')
+    assert seen[-1] == before
+
+
+def _grammar():
+    from grammask.grammar.ebnf import parse_ebnf
+
+    return parse_ebnf('root ::= "s"')
