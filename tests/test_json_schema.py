@@ -584,6 +584,17 @@ def test_number_regex_multiples():
     e = number_regex(ex, multiple_of=[Fraction(1, 20)])
     for s in ["0.05", "0.1", "0.15", "1.95", "0.051", "0.07", "3", "0.050", "-0.35"]:
         assert ex.matches(e, s) == ((_num_value(s) * 20).denominator == 1), s
+    # a number that is a multiple of an integer may spell it with a fraction of zeros (MaskBench:
+    # 6000.0 under {"type": "number", "multipleOf": 1}); an integer may not
+    spellings = ["6", "6.0", "6.00", "6.5", "9.0", "-9.0", "10.0", "10.01", "0.0", "-0", "15.000", "16.0", "20.0", "21.0"]
+    for mult, lo, hi in ((1, None, None), (3, None, None), (5, Fraction(0), Fraction(20))):
+        e = number_regex(ex, multiple_of=[Fraction(mult)], lo=lo, hi=hi)
+        for s in spellings:
+            v = _num_value(s)
+            ok = (v / mult).denominator == 1 and (lo is None or lo <= v <= hi)
+            assert ex.matches(e, s) == ok, (mult, s)
+    e = number_regex(ex, integer=True, multiple_of=[Fraction(1)])
+    assert ex.matches(e, "6") and not ex.matches(e, "6.0")
 
 
 # ---------------------------------------------------------------------------------------------- formats

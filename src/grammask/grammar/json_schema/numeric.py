@@ -533,6 +533,11 @@ def _multiples(nb: _Num, integer: bool, lo, lo_excl, hi, hi_excl, mults: list[Fr
     ex = nb.ex
     m = _lcm_fraction(mults)
     p, q = m.numerator, m.denominator
+    if not integer and q == 1:
+        # a number that is a multiple of an integer: an integer, which a number may also spell with
+        # a fraction of zeros ("6000.0" under ``multipleOf: 1``, as MaskBench's valid instances do)
+        r = _multiples(nb, True, lo, lo_excl, hi, hi_excl, mults)
+        return ex.concat(r, ex.opt(ex.concat(ex.literal("."), ex.plus(ex.literal("0"))))) if r != EMPTY else EMPTY
     if integer or q == 1:
         # integers x with p | x (for integer x, x*q/p is an integer iff p | x, as gcd(p, q) = 1);
         # a rational multiple of an integer is an integer
@@ -543,7 +548,9 @@ def _multiples(nb: _Num, integer: bool, lo, lo_excl, hi, hi_excl, mults: list[Fr
         if lo is not None and hi is not None:
             a, b = _ceil(lo / p), _floor(hi / p)
             if b - a + 1 <= MAX_ENUM_MULTIPLES:
-                return ex.alt(*[ex.literal(str(k * p)) for k in range(a, b + 1)]) if a <= b else EMPTY
+                # 0 may be spelled "-0" too (as the unenumerated ranges allow)
+                return ex.alt(*[ex.literal(str(k * p)) for k in range(a, b + 1)],
+                              *([ex.literal("-0")] if a <= 0 <= b else [])) if a <= b else EMPTY
         body = nb.divisible(p)
         return ex.intersect(rng, ex.concat(ex.opt(ex.literal("-")), body))
     # non-integer multiples m = p/q: x = k*p/q; q divides 10^s
