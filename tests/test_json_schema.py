@@ -234,6 +234,14 @@ CASES = {
     "if_then_else": ({"type": "object", "if": {"properties": {"k": {"const": "a"}}, "required": ["k"]},
                       "then": {"required": ["x"]}, "else": {"required": ["y"]}},
                      [{"k": "a", "x": 1}, {"k": "a"}, {"k": "b", "y": 1}, {"k": "b", "x": 1}, {}, {"y": 2}]),
+    # conditionals are draft 7's: a draft-04 or draft-06 schema does not have them (MaskBench's
+    # Github_medium---o3385 and o39097 are draft-04 schemas with if/then that their valid
+    # instances break)
+    **{f"if_then_draft{d}": ({"$schema": f"http://json-schema.org/draft-0{d}/schema#", "type": "object",
+                              "if": {"properties": {"k": {"const": "a"}}, "required": ["k"]},
+                              "then": {"required": ["x"]}},
+                             [{"k": "a", "x": 1}, {"k": "a"}, {"k": "b"}, {}])
+       for d in (4, 6, 7)},
     "dependent_required": ({"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
                            [{}, {"a": 1}, {"a": 1, "b": 2}, {"b": 2}]),
     "dependencies_draft7": ({"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",

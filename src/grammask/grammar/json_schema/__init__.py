@@ -45,7 +45,8 @@ Semantics and choices
     * Unknown ``format`` values are annotations (JSON Schema 2019-09+) and are ignored; OpenAPI
       integer formats (``int32``...) are enforced as ranges on integers.
     * ``$ref`` siblings are ignored under drafts 3-7 (as those drafts specify) and applied from
-      2019-09 on (the default when ``$schema`` is absent). Draft 3 ``required: true``,
+      2019-09 on (the default when ``$schema`` is absent). ``if``/``then``/``else`` apply from
+      draft 7 on (under drafts 3-6 they are unknown keywords, as those drafts' validators read them). Draft 3 ``required: true``,
       ``divisibleBy``, ``extends`` and ``disallow`` (of type names) are understood.
     * Keywords this module does not know are ignored, as JSON Schema specifies for unknown
       keywords; annotations (``title``, ``default``, ``examples``...) are ignored.

@@ -133,7 +133,10 @@ class SchemaReader(Stage):
                 node = self.alg.isect_not(node, sub, ptr + "/not")
             except CannotNegate as e:
                 self.st.unsupported("not", ptr + "/not", f"cannot compute the complement of this schema ({e})")
-        if "if" in s and ("then" in s or "else" in s):
+        if "if" in s and ("then" in s or "else" in s) and self.draft >= 7:
+            # conditionals are draft 7's: a schema declaring an older draft does not have them (an
+            # unknown keyword, as its validators read it; MaskBench's valid instances of draft-04
+            # schemas that use them, e.g. Github_medium---o3385, break their ``then``)
             node = self.alg.isect(node, self.if_then_else(s, ptr, base))
         deps = []
         if isinstance(s.get("dependencies"), dict):
