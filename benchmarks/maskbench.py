@@ -37,6 +37,7 @@ import bisect
 import json
 import multiprocessing as mp
 import os
+import re
 import resource
 import sys
 import time
@@ -227,10 +228,75 @@ class _PrefixChecker:
         return self.engine.can_stop(self.m) if complete else True
 
 
-def reorder_keys(engine, compiled, data, *, max_checks: int = 50_000, max_s: float = 15.0) -> str | None:
+def _resolve_ref(root, s, depth: int = 0):
+    while isinstance(s, dict) and isinstance(s.get("$ref"), str) and s["$ref"].startswith("#") and depth < 64:
+        node = root
+        try:
+            for part in s["$ref"][1:].split("/")[1:]:
+                part = part.replace("~1", "/").replace("~0", "~")
+                node = node[int(part)] if isinstance(node, list) else node[part]
+        except (KeyError, IndexError, ValueError, TypeError):
+            return s
+        s, depth = node, depth + 1
+    return s
+
+
+def _branches(root, s) -> list[dict]:
+    """``s`` and, through local ``$ref``, the schemas it combines (allOf, anyOf, oneOf, if, then, else)."""
+    s = _resolve_ref(root, s)
+    if not isinstance(s, dict):
+        return []
+    out = [s]
+    for k in ("allOf", "anyOf", "oneOf"):
+        for x in s.get(k, ()) if isinstance(s.get(k), list) else ():
+            out += _branches(root, x)
+    for k in ("if", "then", "else"):   # an ``if`` names keys its ``then`` depends on: they come first
+        if k in s:
+            out += _branches(root, s[k])
+    return out[:200]
+
+
+def schema_key_order(root, schema, data):
+    """``data`` with every object's keys in the order its schema declares them (``properties`` of
+    the schema and of the schemas it combines, in order met; other keys after them, as given).
+    A guess, not a proof: :func:`reorder_keys` checks it with the engine."""
+    subs = _branches(root, schema)
+    if isinstance(data, list):
+        items = [x["items"] for x in subs if isinstance(x.get("items"), dict)]
+        return [schema_key_order(root, items[0] if items else {}, v) for v in data]
+    if not isinstance(data, dict):
+        return data
+    props: dict = {}
+    for x in subs:
+        p = x.get("properties")
+        for k, v in (p.items() if isinstance(p, dict) else ()):
+            props.setdefault(k, v)
+    rank = {k: i for i, k in enumerate(props)}
+    given = {k: i for i, k in enumerate(data)}
+    out = {}
+    for k in sorted(data, key=lambda k: (rank.get(k, len(rank)), given[k])):
+        sub = props.get(k)
+        if sub is None:
+            sub = next((v for x in subs for pat, v in (x.get("patternProperties") or {}).items()
+                        if isinstance(pat, str) and _search(pat, k)),
+                       next((x["additionalProperties"] for x in subs if isinstance(x.get("additionalProperties"), dict)), {}))
+        out[k] = schema_key_order(root, sub, data[k])
+    return out
+
+
+def _search(pattern: str, s: str) -> bool:
+    try:
+        return re.search(pattern, s) is not None
+    except re.error:
+        return False
+
+
+def reorder_keys(engine, compiled, data, *, max_checks: int = 50_000, max_s: float = 15.0, schema=None) -> str | None:
     """A ``json.dumps`` spelling of ``data`` with object keys permuted that ``engine`` accepts.
 
-    Depth-first over spellings, the way MaskBench's reorder script orders keys: among the keys
+    Given the ``schema``, the spelling with every object's keys in the order its schema declares
+    them (:func:`schema_key_order`) is tried first. Then depth-first over spellings, the way
+    MaskBench's reorder script orders keys: among the keys
     the engine accepts next, first those after which all the others can still follow, then the
     rest; each accepted spelling of a value (nested objects likewise); backtracking into earlier
     choices when the rest finds no order. Every order returned is one the engine accepted, checked
@@ -276,6 +342,13 @@ def reorder_keys(engine, compiled, data, *, max_checks: int = 50_000, max_s: flo
             yield from members(after, obj, rest, False)
 
     try:
+        if schema is not None:
+            try:
+                guess = json.dumps(schema_key_order(schema, schema, data))
+            except RecursionError:
+                guess = None
+            if guess is not None and guess != json.dumps(data) and ok(guess, complete=True):
+                return guess
         for text in value("", data):
             if ok(text, complete=True):
                 return text
@@ -318,7 +391,7 @@ def run_schema(engine, schema, tests, order_s: float = 0.0) -> dict:
         left = deadline - time.perf_counter()
         if valid and not accepted and left > 0:
             try:
-                out["order_only"] += reorder_keys(engine, compiled, data, max_s=left) is not None
+                out["order_only"] += reorder_keys(engine, compiled, data, max_s=left, schema=schema) is not None
             except Exception:  # noqa: BLE001 - the search is a diagnosis, never a failure
                 pass
     return out

@@ -84,3 +84,19 @@ def test_run_schema_counts_order_only_rejections(engine):
     res = run_schema(engine, SCHEMA, tests, order_s=30.0)
     assert [a for _, a in res["tests"]] == [True, False, False]
     assert res["order_only"] == 1
+
+
+def test_the_schema_order_is_tried_first_and_checked(engine):
+    """Given the schema, one check of the keys in declared order (through $ref and allOf) finds
+    what the search needs many checks for; a guess the engine rejects is not an answer."""
+    schema = {"$defs": {"meta": {"type": "object", "properties": {"x": {"type": "boolean"}, "y": {"enum": ["a", "b"]}}}},
+              "allOf": [{"properties": {"id": {"type": "integer"}}},
+                        {"properties": {"size": {"type": "integer", "minimum": 0}, "meta": {"$ref": "#/$defs/meta"}}}],
+              "required": ["id", "size"]}
+    compiled = engine.compile(schema)
+    data = {"meta": {"y": "b", "x": True}, "size": 3, "id": 7}
+    assert reorder_keys(engine, compiled, data, max_checks=1) is None   # the search alone: no budget
+    text = reorder_keys(engine, compiled, data, max_checks=1, schema=schema)
+    assert text == '{"id": 7, "size": 3, "meta": {"x": true, "y": "b"}}' and _accepted(engine, compiled, text)
+    bad = {"meta": {"y": "c", "x": True}, "size": 3, "id": 7}
+    assert reorder_keys(engine, compiled, bad, schema=schema) is None
