@@ -425,7 +425,7 @@ def test_compiled_expansion_is_the_derivative_construction(patterns):
     the lexer automaton of the derivative construction of whole states: every state reachable
     from every start set, explored in full on both, has the same members, accepted lexemes and
     moves (states matched by their members, ids differ)."""
-    from grammask.grammar.lexer import DEAD, Lexer
+    from grammask.grammar.lexer import Lexer
 
     ex = ExprSet()
     words = [parse_regex(p, ex) for p in patterns]
@@ -433,23 +433,32 @@ def test_compiled_expansion_is_the_derivative_construction(patterns):
     fast = Lexer(ex, words, eager=True)
     starts = [list(range(len(words)))] + [[k] for k in range(len(words))] + [[0, len(words) - 1]]
     for allowed in starts:
-        pairs = [(fast.start_state(allowed), ref.start_state(allowed))]
-        seen = set()
-        while pairs:
-            sf, sr = pairs.pop()
-            if sf in seen:
-                continue
-            seen.add(sf)
-            assert fast.state_members(sf) == ref.state_members(sr)
-            assert fast.accepted_lexemes(sf) == ref.accepted_lexemes(sr)
-            fast.expand(sf, budget=3)
-            ref.expand(sr)
-            tf = fast.trans[sf * 256:(sf + 1) * 256].tolist()
-            tr = ref.trans[sr * 256:(sr + 1) * 256].tolist()
-            assert [t == DEAD for t in tf] == [t == DEAD for t in tr]
-            pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
-        assert len(seen) >= 2
+        assert len(explore_same_automaton(fast, ref, fast.start_state(allowed), ref.start_state(allowed))) >= 2
     assert fast.n_states == ref.n_states > 20
+
+
+def explore_same_automaton(fast, ref, sf, sr, budget: int = 3) -> set:
+    """Explore the lexers ``fast`` and ``ref`` in full from their states ``sf`` and ``sr``, states
+    matched by their members (ids differ): the same members, accepted lexemes and moves. Returns
+    the states of ``fast`` met."""
+    from grammask.grammar.lexer import DEAD
+
+    pairs = [(sf, sr)]
+    seen = set()
+    while pairs:
+        sf, sr = pairs.pop()
+        if sf in seen:
+            continue
+        seen.add(sf)
+        assert fast.state_members(sf) == ref.state_members(sr)
+        assert fast.accepted_lexemes(sf) == ref.accepted_lexemes(sr)
+        fast.expand(sf, budget=budget)
+        ref.expand(sr)
+        tf = fast.trans[sf * 256:(sf + 1) * 256].tolist()
+        tr = ref.trans[sr * 256:(sr + 1) * 256].tolist()
+        assert [t == DEAD for t in tf] == [t == DEAD for t in tr]
+        pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
+    return seen
 
 
 @pytest.mark.parametrize("eager", [True, False], ids=["compiled-expansion", "derivatives"])
@@ -462,7 +471,7 @@ def test_row_tables_grow_past_their_reservation_without_filling(monkeypatch, eag
     automaton must be the one the derivative construction builds with the old growth (same
     states, same moves), and the memory charged is the rows in use, not the capacity."""
     from grammask.grammar import lexdfa
-    from grammask.grammar.lexer import DEAD, UNKNOWN, Lexer
+    from grammask.grammar.lexer import UNKNOWN, Lexer
 
     monkeypatch.setattr(lexdfa, "RESERVE_FROM", 64)
     monkeypatch.setattr(lexdfa, "RESERVE_STATES", 1024)
@@ -487,18 +496,5 @@ def test_row_tables_grow_past_their_reservation_without_filling(monkeypatch, eag
     # the same automaton as a lexer that never reached the reservation's size
     monkeypatch.setattr(lexdfa, "RESERVE_FROM", 1 << 30)
     ref = Lexer(ex, words, eager=False)
-    pairs = [(s0, ref.start_state([0, 1, 2]))]
-    seen = set()
-    while pairs:
-        sf, sr = pairs.pop()
-        if sf in seen:
-            continue
-        seen.add(sf)
-        assert lx.state_members(sf) == ref.state_members(sr)
-        lx.expand(sf)
-        ref.expand(sr)
-        tf = lx.trans[sf * 256:(sf + 1) * 256].tolist()
-        tr = ref.trans[sr * 256:(sr + 1) * 256].tolist()
-        assert [t == DEAD for t in tf] == [t == DEAD for t in tr]
-        pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
+    seen = explore_same_automaton(lx, ref, s0, ref.start_state([0, 1, 2]), budget=0)
     assert len(seen) == lx.n_states == ref.n_states > 2048

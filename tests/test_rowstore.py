@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from grammask.grammar import lexdfa, rowstore
-from grammask.grammar.lexer import DEAD, Lexer
+from grammask.grammar.lexer import Lexer
 from grammask.grammar.regex import parse_regex
 from grammask.grammar.regexset import ExprSet
+from test_regexset import explore_same_automaton
 
 PATTERNS = ("\\s*\"name\"", "\\s*[0-9]+(\\.[0-9]+)?", '"([^"\\\\]|\\\\.){0,12}"', "true|false", "[a-z]+é?")
 
@@ -94,19 +94,7 @@ def test_the_store_starting_over_keeps_the_automaton(monkeypatch):
     words = [parse_regex(p, ex) for p in PATTERNS]
     fast = Lexer(ex, words, eager=True)
     ref = Lexer(ex, words, eager=False)
-    pairs = [(fast.start_state(list(range(len(words)))), ref.start_state(list(range(len(words)))))]
-    seen = set()
-    while pairs:
-        sf, sr = pairs.pop()
-        if sf in seen:
-            continue
-        seen.add(sf)
-        assert fast.state_members(sf) == ref.state_members(sr)
-        fast.expand(sf, budget=3)
-        ref.expand(sr)
-        tf = fast.trans[sf * 256:(sf + 1) * 256].tolist()
-        tr = ref.trans[sr * 256:(sr + 1) * 256].tolist()
-        assert [t == DEAD for t in tf] == [t == DEAD for t in tr]
-        pairs.extend((a, b) for a, b in zip(tf, tr) if a != DEAD)
+    everything = list(range(len(words)))
+    seen = explore_same_automaton(fast, ref, fast.start_state(everything), ref.start_state(everything))
     assert len(seen) == fast.n_states == ref.n_states > 20
     assert rowstore.row_store(ex).added > 2 * len(rowstore.row_store(ex))   # it did start over

@@ -150,48 +150,36 @@ def fill_stored_rows(gs, X, S, free, queue):
     qn = 0
     for i in range(gs.shape[0]):
         g = gs[i]
-        if X.g_done[g]:
-            continue
         e = X.g_expr[g]
-        if e >= n_first or first[e] == 0:
-            continue   # not stored (the caller stores them first: never here)
-        k = count[e]
-        if X.g_cnt[0] + k > cap:
+        if X.g_done[g] or e >= n_first or first[e] == 0:
+            continue   # done, or not stored (the caller stores them first: never here)
+        if X.g_cnt[0] + count[e] > cap:
             return NEED_ROOM, i
-        n0 = X.g_cnt[0]
-        _write_row(g, e, X, S)
-        # the new states this row made: candidates for the free rows
-        for h in range(n0, X.g_cnt[0]):
-            if qn < free:
-                queue[qn] = h
-                qn += 1
+        qn = _write_row(g, e, X, S, queue, qn, free)
     head = 0
-    while head < qn:
+    while head < qn:   # the free rows, breadth first
         g = queue[head]
         head += 1
-        if X.g_done[g]:
-            continue
         e = X.g_expr[g]
-        if e >= n_first or first[e] == 0:
+        if X.g_done[g] or e >= n_first or first[e] == 0:
             continue
         if X.g_cnt[0] + count[e] > cap:
             break
-        n0 = X.g_cnt[0]
-        _write_row(g, e, X, S)
-        for h in range(n0, X.g_cnt[0]):
-            if qn < free:
-                queue[qn] = h
-                qn += 1
+        qn = _write_row(g, e, X, S, queue, qn, free)
     return DONE, gs.shape[0]
 
 
 @njit(nogil=True, cache=True)
-def _write_row(g, e, X, S):
+def _write_row(g, e, X, S, queue, qn, free):
+    """Write the row of DFA state ``g`` (expression ``e``, stored) and queue the new DFA states it
+    made (candidates for the free rows) while ``queue`` holds fewer than ``free``; returns the
+    queue's new length."""
     g_next = X.g_next
     lx = X.g_lex[g]
     base = g * 256
     for b in range(256):
         g_next[base + b] = -1
+    n0 = X.g_cnt[0]
     lo = S.first[e] - 1
     for j in range(lo, lo + S.count[e]):
         t = g_intern(X, S.tgt[j], lx, S.null[j])
@@ -202,3 +190,8 @@ def _write_row(g, e, X, S):
                 g_next[base + 64 * w + k] = t
                 x &= x - np.uint64(1)
     X.g_done[g] = True
+    for h in range(n0, X.g_cnt[0]):
+        if qn < free:
+            queue[qn] = h
+            qn += 1
+    return qn
