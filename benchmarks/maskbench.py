@@ -13,7 +13,12 @@ plus the commit of its token. Warm TBM: every mask and commit of a second pass o
 instances with the compiled grammar kept (the steady state of a server that sees a schema again).
 Peak RSS: the largest ``ru_maxrss`` of the engine's worker processes, once its tokenizer is loaded
 and over the run (a worker killed after a timeout or crash reports nothing). Each engine runs in
-its own worker process; every schema has a time
+its own worker process, which first compiles and masks a small schema (``WARM_SCHEMA``: kernels
+and first-use paths loaded, as a server's warm-up) and then freezes its heap out of the garbage
+collector's full collections (``gc.freeze``, as ``grammask serve`` and vLLM do after their start;
+``--no-gc-freeze`` to keep them); the full collections that still happen are timed and reported
+(count, longest, how many over 50 ms), and the schemas of the slowest masks are named. Every
+schema has a time
 limit covering its compile and all its masks, and a crash or hang of one schema is recorded and
 the worker restarted, so the run always finishes. "compile errors": the engine refused the schema
 (an exception from compile or the first mask); "mask errors": an exception from a later mask or
@@ -27,8 +32,12 @@ only for the schemas llguidance compiles; in the others the instances keep the o
 LLM chose. So for each valid instance an engine rejects, the harness also searches (outside the
 timings) for a permutation of the instance's object keys that the same engine accepts, the way that
 script does: keys chosen one at a time, each checked by feeding the tokenized text prefix to the
-engine's matcher (rolled back to the part shared with the previous check). "valid rejected" counts the instance as given; "order only" is how many of those the engine
-accepts with its keys permuted (nothing else changed); the rest are rejections of content.
+engine's matcher (rolled back to the part shared with the previous check); before the search, the
+spelling with every object's keys in the order its schema declares them (through ``$ref``,
+``allOf``/``anyOf``/``oneOf`` and ``if``/``then``/``else``) is checked once. "valid rejected"
+counts the instance as given; "order only" is how many of those the engine accepts with its keys
+permuted (nothing else changed); the rest are rejections of content, or orders neither the
+declared order nor the budgeted search found.
 """
 from __future__ import annotations
 
@@ -241,18 +250,27 @@ def _resolve_ref(root, s, depth: int = 0):
     return s
 
 
-def _branches(root, s) -> list[dict]:
-    """``s`` and, through local ``$ref``, the schemas it combines (allOf, anyOf, oneOf, if, then, else)."""
+def _branches(root, s, keys=(), depth: int = 0, budget=None) -> list[dict]:
+    """``s`` and, through local ``$ref``, the schemas it combines: every ``allOf`` member and
+    ``if``/``then``/``else``, and of an ``anyOf``/``oneOf`` the branch declaring most of ``keys``
+    (the keys of the object at hand; the first such branch). At most 16 levels and 2,000
+    schemas visited per object (``budget``)."""
+    budget = [2000] if budget is None else budget
+    budget[0] -= 1
     s = _resolve_ref(root, s)
-    if not isinstance(s, dict):
+    if not isinstance(s, dict) or depth > 16 or budget[0] < 0:
         return []
     out = [s]
-    for k in ("allOf", "anyOf", "oneOf"):
-        for x in s.get(k, ()) if isinstance(s.get(k), list) else ():
-            out += _branches(root, x)
+    for x in s.get("allOf", ()) if isinstance(s.get("allOf"), list) else ():
+        out += _branches(root, x, keys, depth + 1, budget)
+    for k in ("anyOf", "oneOf"):
+        alts = [_branches(root, x, keys, depth + 1, budget) for x in (s.get(k, ()) if isinstance(s.get(k), list) else ())]
+        if alts:
+            out += max(alts, key=lambda b: sum(1 for key in keys if any(
+                isinstance(x.get("properties"), dict) and key in x["properties"] for x in b)))
     for k in ("if", "then", "else"):   # an ``if`` names keys its ``then`` depends on: they come first
         if k in s:
-            out += _branches(root, s[k])
+            out += _branches(root, s[k], keys, depth + 1, budget)
     return out[:200]
 
 
@@ -260,7 +278,7 @@ def schema_key_order(root, schema, data):
     """``data`` with every object's keys in the order its schema declares them (``properties`` of
     the schema and of the schemas it combines, in order met; other keys after them, as given).
     A guess, not a proof: :func:`reorder_keys` checks it with the engine."""
-    subs = _branches(root, schema)
+    subs = _branches(root, schema, list(data) if isinstance(data, dict) else ())
     if isinstance(data, list):
         items = [x["items"] for x in subs if isinstance(x.get("items"), dict)]
         return [schema_key_order(root, items[0] if items else {}, v) for v in data]
