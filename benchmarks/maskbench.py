@@ -250,9 +250,28 @@ def _resolve_ref(root, s, depth: int = 0):
     return s
 
 
-def _branches(root, s, keys=(), depth: int = 0, budget=None) -> list[dict]:
-    """``s`` and, through local ``$ref``, the schemas it combines: every ``allOf`` member and
-    ``if``/``then``/``else``, and of an ``anyOf``/``oneOf`` the branch declaring most of ``keys``
+def _if_holds(root, cond, data) -> bool:
+    """Whether ``data`` meets an ``if`` schema, as far as its ``required``, ``const`` and ``enum``
+    of properties tell (anything else: assumed met)."""
+    cond = _resolve_ref(root, cond)
+    if not isinstance(cond, dict) or not isinstance(data, dict):
+        return True
+    if any(k not in data for k in cond.get("required", ()) if isinstance(k, str)):
+        return False
+    for k, sub in (cond.get("properties") or {}).items():
+        sub = _resolve_ref(root, sub)
+        if k in data and isinstance(sub, dict):
+            if "const" in sub and data[k] != sub["const"]:
+                return False
+            if isinstance(sub.get("enum"), list) and data[k] not in sub["enum"]:
+                return False
+    return True
+
+
+def _branches(root, s, keys=(), depth: int = 0, budget=None, data=None) -> list[dict]:
+    """``s`` and, through local ``$ref``, the schemas it combines: every ``allOf`` member, an ``if``
+    and the ``then`` or ``else`` that ``data`` takes (:func:`_if_holds`), and of an
+    ``anyOf``/``oneOf`` the branch declaring most of ``keys``
     (the keys of the object at hand; the first such branch). At most 16 levels and 2,000
     schemas visited per object (``budget``)."""
     budget = [2000] if budget is None else budget
@@ -262,15 +281,17 @@ def _branches(root, s, keys=(), depth: int = 0, budget=None) -> list[dict]:
         return []
     out = [s]
     for x in s.get("allOf", ()) if isinstance(s.get("allOf"), list) else ():
-        out += _branches(root, x, keys, depth + 1, budget)
+        out += _branches(root, x, keys, depth + 1, budget, data)
     for k in ("anyOf", "oneOf"):
-        alts = [_branches(root, x, keys, depth + 1, budget) for x in (s.get(k, ()) if isinstance(s.get(k), list) else ())]
+        alts = [_branches(root, x, keys, depth + 1, budget, data) for x in (s.get(k, ()) if isinstance(s.get(k), list) else ())]
         if alts:
             out += max(alts, key=lambda b: sum(1 for key in keys if any(
                 isinstance(x.get("properties"), dict) and key in x["properties"] for x in b)))
-    for k in ("if", "then", "else"):   # an ``if`` names keys its ``then`` depends on: they come first
+    if "if" in s:   # an ``if`` names keys its ``then`` depends on: they come first
+        out += _branches(root, s["if"], keys, depth + 1, budget, data)
+        k = "then" if _if_holds(root, s["if"], data) else "else"
         if k in s:
-            out += _branches(root, s[k], keys, depth + 1, budget)
+            out += _branches(root, s[k], keys, depth + 1, budget, data)
     return out[:200]
 
 
@@ -278,23 +299,25 @@ def schema_key_order(root, schema, data):
     """``data`` with every object's keys in the order its schema declares them (``properties`` of
     the schema and of the schemas it combines, in order met; other keys after them, as given).
     A guess, not a proof: :func:`reorder_keys` checks it with the engine."""
-    subs = _branches(root, schema, list(data) if isinstance(data, dict) else ())
+    subs = _branches(root, schema, list(data) if isinstance(data, dict) else (), data=data)
     if isinstance(data, list):
         items = [x["items"] for x in subs if isinstance(x.get("items"), dict)]
         return [schema_key_order(root, items[0] if items else {}, v) for v in data]
     if not isinstance(data, dict):
         return data
-    props: dict = {}
+    props: dict = {}   # key -> every schema declaring it (its value meets all of them)
     for x in subs:
         p = x.get("properties")
         for k, v in (p.items() if isinstance(p, dict) else ()):
-            props.setdefault(k, v)
+            props.setdefault(k, []).append(v)
     rank = {k: i for i, k in enumerate(props)}
     given = {k: i for i, k in enumerate(data)}
     out = {}
     for k in sorted(data, key=lambda k: (rank.get(k, len(rank)), given[k])):
         sub = props.get(k)
-        if sub is None:
+        if sub is not None:
+            sub = sub[0] if len(sub) == 1 else {"allOf": sub}
+        else:
             sub = next((v for x in subs for pat, v in (x.get("patternProperties") or {}).items()
                         if isinstance(pat, str) and _search(pat, k)),
                        next((x["additionalProperties"] for x in subs if isinstance(x.get("additionalProperties"), dict)), {}))

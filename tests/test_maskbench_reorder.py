@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from common import Llama3  # noqa: E402
-from maskbench import GrammaskEngine, reorder_keys, run_schema  # noqa: E402
+from maskbench import GrammaskEngine, reorder_keys, run_schema, schema_key_order  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -100,3 +100,21 @@ def test_the_schema_order_is_tried_first_and_checked(engine):
     assert text == '{"id": 7, "size": 3, "meta": {"x": true, "y": "b"}}' and _accepted(engine, compiled, text)
     bad = {"meta": {"y": "c", "x": True}, "size": 3, "id": 7}
     assert reorder_keys(engine, compiled, bad, schema=schema) is None
+
+
+def test_the_schema_order_follows_the_branch_the_data_takes(engine):
+    """Of an anyOf the branch declaring the object's keys, of an if/then/else the branch its
+    const selects: the key order of nested objects comes from the right declaration."""
+    schema = {"type": "object", "properties": {"kind": {"enum": ["a", "b"]}, "body": {"type": "object"}},
+              "allOf": [{"if": {"properties": {"kind": {"const": "a"}}},
+                         "then": {"properties": {"body": {"properties": {"p": {"type": "integer"}, "q": {"type": "integer"}}}}},
+                         "else": {"properties": {"body": {"properties": {"q": {"type": "integer"}, "p": {"type": "integer"}}}}}}],
+              "anyOf": [{"properties": {"x": {"type": "integer"}, "y": {"type": "integer"}}},
+                        {"properties": {"z": {"type": "integer"}, "w": {"type": "integer"}}}]}
+    compiled = engine.compile(schema)
+    for data, want in (({"body": {"q": 1, "p": 2}, "kind": "a"}, '{"kind": "a", "body": {"p": 2, "q": 1}}'),
+                       ({"body": {"p": 2, "q": 1}, "kind": "b"}, '{"kind": "b", "body": {"q": 1, "p": 2}}'),
+                       ({"w": 1, "z": 2, "kind": "a"}, '{"kind": "a", "z": 2, "w": 1}')):
+        assert json.dumps(schema_key_order(schema, schema, data)) == want
+        text = reorder_keys(engine, compiled, data, max_checks=1, schema=schema)
+        assert text == want and _accepted(engine, compiled, text), data
