@@ -580,6 +580,14 @@ def summarize(name: str, results: list[dict], splits: list[str], ids: list[str] 
         per_split[sp][1] += 1
     s["per_split"] = dict(per_split)
     s["peak_rss_mib"] = max((r["peak_rss_mib"] for r in results if "peak_rss_mib" in r), default=float("nan"))
+    # the schema during which the worker's RSS rose the most (``ru_maxrss`` is a running maximum)
+    rises, last = [], None
+    for r, sid in zip(results, ids or [""] * len(results)):
+        if "peak_rss_mib" in r:
+            if last is not None and r["peak_rss_mib"] > last:
+                rises.append((r["peak_rss_mib"] - last, sid))
+            last = r["peak_rss_mib"]
+    s["rss_rises"] = sorted(rises, reverse=True)[:3]
     s["gc_pauses_ms"] = sorted(p for r in results for p in r.get("gc_pauses_ms", ()))
     # the schemas of the slowest masks (each schema once)
     s["worst"] = sorted(((max(r["tbm_us"]), sid) for r, sid in zip(results, ids or [""] * len(results))
@@ -652,9 +660,10 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
                     + [fmt(pct(v, q), 2) for q in qs[:-1]] + [fmt(v[-1] if v else float("nan"), 2)])
     lines += ["### TTFM: compile + first mask (ms)", "", md_table(head, rows), ""]
     rows = [[s["engine"], fmt(s.get("ready_rss_mib", float("nan")), 0), fmt(s["peak_rss_mib"], 0),
-             s.get("workers", "-")] for s in summaries]
+             s.get("workers", "-"), ", ".join(f"{sid} (+{d:,.0f})" for d, sid in s.get("rss_rises", ())) or "-"]
+            for s in summaries]
     lines += ["### Peak RSS of the engine's worker process (MiB)", "",
-              md_table(["engine", "tokenizer loaded", "over the run", "worker processes"], rows), ""]
+              md_table(["engine", "tokenizer loaded", "over the run", "worker processes", "largest rises (schema)"], rows), ""]
     rows = []
     for s in summaries:
         g = s.get("gc_pauses_ms", [])

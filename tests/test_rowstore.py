@@ -35,12 +35,12 @@ def test_stored_rows_are_the_transitions():
             continue
         seen.add(e)
         todo.extend(t for _m, t in ex.transitions(e))
-    store.ensure(sorted(seen))
+    store.ensure(ex, sorted(seen))
     assert len(store) == len(seen)
     for e in seen:
         assert store.has(e)
         assert _decoded(store, e) == [(m, t, ex.nullable(t)) for m, t in ex.transitions(e)]
-    store.ensure(sorted(seen))   # stored once
+    store.ensure(ex, sorted(seen))   # stored once
     assert len(store) == store.added == len(seen)
 
 
@@ -63,7 +63,7 @@ def test_kernel_asks_for_room_and_writes_the_rows_before():
     ex = ExprSet()
     e = parse_regex("[a-c]x|[d-f]y|[g-i]z", ex)   # three transitions
     store = rowstore.row_store(ex)
-    store.ensure([e])
+    store.ensure(ex, [e])
     X = lexdfa.new_dfas(8)   # capacities are powers of two (the pair hash's size)
     g0, g1, g2 = (int(lexdfa.g_intern(X, e, lx, 0)) for lx in range(3))   # one expression, 3 lexemes
     queue = np.zeros(8, np.int64)
@@ -98,3 +98,26 @@ def test_the_store_starting_over_keeps_the_automaton(monkeypatch):
     seen = explore_same_automaton(fast, ref, fast.start_state(everything), ref.start_state(everything))
     assert len(seen) == fast.n_states == ref.n_states > 20
     assert rowstore.row_store(ex).added > 2 * len(rowstore.row_store(ex))   # it did start over
+
+
+def test_a_dropped_exprset_is_freed_without_the_cyclic_collector():
+    """The store lives on its ExprSet and holds no reference back: an ExprSet dropped with its
+    lexers (a compiler starting a new shared set) is freed at once, not at the next full
+    collection (a cycle there kept megabytes of dropped memo tables alive over a MaskBench pass)."""
+    import gc
+    import weakref
+
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        ex = ExprSet()
+        words = [parse_regex(p, ex) for p in PATTERNS]
+        lx = Lexer(ex, words, eager=True)
+        lx.warm_up(lx.start_state(list(range(len(words)))), budget=50)
+        assert len(rowstore.row_store(ex)) > 0
+        ref = weakref.ref(ex)
+        del ex, lx, words
+        assert ref() is None
+    finally:
+        if was:
+            gc.enable()

@@ -308,7 +308,7 @@ class Lexer:
         X = self._X
         arr = np.asarray(gs, np.int64)
         exprs = X.g_expr[arr]
-        store.ensure(exprs.tolist())
+        store.ensure(ex, exprs.tolist())
         free = EAGER_FREE_ROWS
         queue = self._free_queue
         if queue.shape[0] < free:

@@ -46,11 +46,12 @@ def _new_arrays(cap_exprs: int, cap_entries: int) -> RowArrays:
 
 
 class RowStore:
-    """The store of one ExprSet (:func:`row_store`)."""
+    """The store of one ExprSet (:func:`row_store`). It holds no reference to the ExprSet (which
+    holds it): a cycle would keep a dropped ExprSet, and its megabytes of memo tables, alive until
+    the next full garbage collection instead of freeing it with its last grammar."""
 
-    def __init__(self, exprs):
-        self.exprs = exprs
-        self.arrays = _new_arrays(max(1024, 2 * len(exprs)), 4096)
+    def __init__(self, n_exprs: int):
+        self.arrays = _new_arrays(max(1024, 2 * n_exprs), 4096)
         #: expressions stored over the store's life (the memory estimate of the lexers that grew it)
         self.added = 0
 
@@ -61,10 +62,10 @@ class RowStore:
         a = self.arrays
         return e < a.first.shape[0] and a.first[e] > 0
 
-    def ensure(self, es) -> None:
-        """Store the transitions of every expression of ``es`` not stored yet (computed by
-        derivatives: :meth:`~.regexset.ExprSet.transitions`)."""
-        ex = self.exprs
+    def ensure(self, ex, es) -> None:
+        """Store the transitions of every expression of ``es`` (ids in the ExprSet ``ex``, whose
+        store this is) not stored yet (computed by derivatives:
+        :meth:`~.regexset.ExprSet.transitions`)."""
         a = self.arrays
         first = a.first
         n = first.shape[0]
@@ -77,11 +78,10 @@ class RowStore:
             todo = list(es)
         for e in dict.fromkeys(todo):   # distinct, in order
             tr = ex.transitions(e)
-            self._add(e, tr, [ex.nullable(t) for _m, t in tr])
+            self._add(e, tr, [ex.nullable(t) for _m, t in tr], len(ex))
 
-    def _add(self, e: int, tr, nullable) -> None:
+    def _add(self, e: int, tr, nullable, n_e: int) -> None:
         a = self.arrays
-        n_e = len(self.exprs)
         if e >= a.first.shape[0] or n_e > a.first.shape[0]:
             cap = a.first.shape[0]
             while cap < max(e + 1, n_e):
@@ -121,7 +121,7 @@ def row_store(exprs) -> RowStore:
     """The ExprSet's row store (made on first use; callers hold ``exprs.lock``)."""
     s = exprs.__dict__.get("_row_store")
     if s is None:
-        s = exprs.__dict__["_row_store"] = RowStore(exprs)
+        s = exprs.__dict__["_row_store"] = RowStore(len(exprs))
     return s
 
 
