@@ -80,6 +80,17 @@ def new_dfas(cap: int) -> LexemeDFAs:
                       np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64))
 
 
+def grown(a: np.ndarray, need: int, used: int) -> np.ndarray:
+    """A copy of ``a``'s first ``used`` entries (rows) in a zeroed array of ``a``'s length doubled
+    until it holds ``need`` entries."""
+    size = a.shape[0]
+    while need > size:
+        size *= 2
+    b = np.zeros((size,) + a.shape[1:], a.dtype)
+    b[:used] = a[:used]
+    return b
+
+
 def grown_capacity(cap: int, need: int) -> int:
     """The capacity (states) an array of lexer or lexeme DFA states of capacity ``cap`` grows to
     for ``need`` states: doubled while small; past :data:`RESERVE_FROM` at once

@@ -41,7 +41,7 @@ from numba import njit
 
 from ..errors import GrammarTooComplexError
 from . import lexdfa, rowstore
-from .lexdfa import FastCall, eager_expand, g_intern, intern_members
+from .lexdfa import FastCall, eager_expand, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
 from .regexset import ExprSet, pack_ids
 
@@ -150,17 +150,6 @@ def lookup_start(st_keys: np.ndarray, st_vals: np.ndarray, key: np.int64) -> np.
         if k == 0:
             return np.int32(-2)
         j = (j + 1) & mask
-
-
-def _grown(a: np.ndarray, need: int, used: int) -> np.ndarray:
-    """A copy of ``a``'s first ``used`` entries in a zeroed array of ``a``'s size doubled until it
-    holds ``need`` entries."""
-    size = a.shape[0]
-    while need > size:
-        size *= 2
-    b = np.zeros(size, a.dtype)
-    b[:used] = a[:used]
-    return b
 
 
 def _rehashed(keys: np.ndarray, need: int, off: np.ndarray, data: np.ndarray, n: int) -> np.ndarray:
@@ -358,7 +347,7 @@ class Lexer:
             ms_off[:n + 1] = D.ms_off[:n + 1]
             changed = True
         if mem_used + n_new * m > ms_mem.shape[0]:
-            ms_mem = _grown(ms_mem, mem_used + n_new * m, mem_used)
+            ms_mem = grown(ms_mem, mem_used + n_new * m, mem_used)
             changed = True
         if 2 * (n + n_new) > h_keys.shape[0]:
             h_keys = _rehashed(h_keys, 2 * (n + n_new), ms_off, ms_mem, n)
@@ -374,10 +363,10 @@ class Lexer:
         acc_off, acc_lex = self.acc_off, self.acc_lex
         published = False
         if n_acc + n_new + 1 >= acc_off.shape[0]:
-            acc_off = _grown(acc_off, n_acc + n_new + 2, n_acc + 1)
+            acc_off = grown(acc_off, n_acc + n_new + 2, n_acc + 1)
             published = True
         if acc_used + n_new * m > acc_lex.shape[0]:
-            acc_lex = _grown(acc_lex, acc_used + n_new * m, acc_used)
+            acc_lex = grown(acc_lex, acc_used + n_new * m, acc_used)
             published = True
         if 2 * (n_acc + n_new) > a_keys.shape[0]:
             a_keys = _rehashed(a_keys, 2 * (n_acc + n_new), acc_off.astype(np.int64), acc_lex, n_acc)

@@ -25,7 +25,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .lexdfa import g_intern
+from .lexdfa import g_intern, grown
 
 #: expressions stored before the store starts over
 MAX_STORED_EXPRS = 500_000
@@ -82,34 +82,21 @@ class RowStore:
 
     def _add(self, e: int, tr, nullable, n_e: int) -> None:
         a = self.arrays
-        if e >= a.first.shape[0] or n_e > a.first.shape[0]:
-            cap = a.first.shape[0]
-            while cap < max(e + 1, n_e):
-                cap *= 2
-            first = np.zeros(cap, np.int64)
-            first[:a.first.shape[0]] = a.first
-            count = np.zeros(cap, np.int32)
-            count[:a.count.shape[0]] = a.count
-            a = self.arrays = a._replace(first=first, count=count)
+        need = max(e + 1, n_e)   # ``first``/``count`` cover every expression id of the ExprSet
+        if need > a.first.shape[0]:
+            n = a.first.shape[0]
+            a = a._replace(first=grown(a.first, need, n), count=grown(a.count, need, n))
         used = int(a.cnt[0])
         k = len(tr)
         if used + k > a.tgt.shape[0]:
-            cap = a.tgt.shape[0]
-            while cap < used + k:
-                cap *= 2
-            mask = np.zeros((cap, 4), np.uint64)
-            mask[:used] = a.mask[:used]
-            tgt = np.zeros(cap, np.int64)
-            tgt[:used] = a.tgt[:used]
-            null = np.zeros(cap, np.uint8)
-            null[:used] = a.null[:used]
-            a = self.arrays = a._replace(mask=mask, tgt=tgt, null=null)
-        for i, (m, t) in enumerate(tr):
-            row = a.mask[used + i]
-            for w in range(4):
-                row[w] = (m >> (64 * w)) & 0xFFFF_FFFF_FFFF_FFFF
-            a.tgt[used + i] = t
-            a.null[used + i] = 1 if nullable[i] else 0
+            a = a._replace(mask=grown(a.mask, used + k, used), tgt=grown(a.tgt, used + k, used),
+                           null=grown(a.null, used + k, used))
+        self.arrays = a
+        if k:
+            a.mask[used:used + k] = np.frombuffer(b"".join([m.to_bytes(32, "little") for m, _t in tr]),
+                                                  np.uint64).reshape(k, 4)
+            a.tgt[used:used + k] = [t for _m, t in tr]
+            a.null[used:used + k] = nullable
         a.count[e] = k
         a.first[e] = used + 1
         a.cnt[0] = used + k

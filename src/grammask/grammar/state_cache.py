@@ -39,7 +39,7 @@ import numpy as np
 from numba import njit
 
 from .earley import MISSING, OK
-from .lexer import _grown
+from .lexdfa import grown
 from .mask import FastCall, NestedStore, StateCache, _nested_slot
 
 #: a state is cached on this visit (the first visit of most states is also their last)
@@ -276,7 +276,7 @@ class StateMaskCache:
             ne, nt, ng, nn = self._n
             nt2, ng2, nn2 = nt + toks.shape[0], ng + gs.shape[0], nn + nodes.shape[0]
             keys, vals = S.keys, S.vals
-            grown = {}
+            new = {}
             if 2 * (ne + 1) > keys.shape[0]:
                 keys = np.full(2 * keys.shape[0], -1, np.int64)
                 vals = np.zeros(keys.shape[0], np.int32)
@@ -284,18 +284,18 @@ class StateMaskCache:
                 for slot in np.flatnonzero(old != -1).tolist():
                     k = int(old[slot])
                     _nested_insert(keys, vals, k >> 32, k & 0xFFFFFFFF, int(S.vals[slot]))
-                grown.update(keys=keys, vals=vals)
+                new.update(keys=keys, vals=vals)
             for name, need, used in (("e_tok_off", ne + 2, ne + 1), ("e_grp_off", ne + 2, ne + 1),
                                      ("toks", nt2, nt), ("grp_state", ng2, ng), ("grp_byte", ng2, ng),
                                      ("grp_node_off", ng2 + 1, ng + 1), ("nodes", nn2, nn)):
                 a = getattr(S, name)
                 if need > a.shape[0]:
-                    grown[name] = _grown(a, need, used)
-            if grown and "keys" not in grown:
+                    new[name] = grown(a, need, used)
+            if new and "keys" not in new:
                 # the new entry's key must appear only in a table published with its arrays: a
                 # kernel still holding the old arrays would read past them
-                grown.update(keys=keys.copy(), vals=vals.copy())
-            S = S._replace(**grown)
+                new.update(keys=keys.copy(), vals=vals.copy())
+            S = S._replace(**new)
             S.toks[nt:nt2] = toks
             S.grp_state[ng:ng2] = gs
             S.grp_byte[ng:ng2] = gb
