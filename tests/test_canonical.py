@@ -618,6 +618,26 @@ def test_one_first_byte_matches_the_token_bytes(small):
     assert min(seen.values()) > 50
 
 
+def test_lookup_tables_are_built_with_the_tokenizer_side_and_match_a_scan(small):
+    """The forced-text lookahead's tables (bytes -> token, tokens by prefix) are built with the
+    tokenizer side, not in a request's first masks, and agree with a scan of the vocabulary:
+    reachable tokens only, and prefix queries in increasing byte order."""
+    info, _tok, _enc = small
+    ct = CanonicalTokenizer.from_info(info)
+    assert {"token_of_bytes", "_sorted_tokens", "_first_bytes"} <= set(vars(ct))
+    tb = info.token_bytes
+    want = {}
+    for t in range(info.vocab_size):
+        if tb[t] and ct.bpe.is_reachable(t):
+            want[tb[t]] = t
+    assert ct.token_of_bytes == want
+    prefixes = {b[:k] for b in want for k in range(0, min(len(b), 3))}
+    for p in sorted(prefixes):
+        longer = sorted(b for b in want if b.startswith(p) and len(b) > len(p))
+        assert ct.tokens_starting_with(p, 10**6) == [want[b] for b in longer], p
+        assert ct.tokens_starting_with(p, 3) == [want[b] for b in longer[:3]], p
+
+
 def test_disk_cache_round_trip(small, tmp_path):
     info, tok, _ = small
     a = TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path)

@@ -154,6 +154,7 @@ class CanonicalTokenizer:
         t0 = time.perf_counter()
         self._build_signatures()
         self.signature_seconds = time.perf_counter() - t0
+        self._build_lookups()
         self._verdicts: OrderedDict = OrderedDict()
         self._bounds: dict = {}
         self._sig_verdicts: dict = {}   # region key -> verdict per signature
@@ -174,6 +175,22 @@ class CanonicalTokenizer:
         #: are most of a region's, judged again at its next visit (MaskBench 1 in 200, Llama-3:
         #: first-pass mean ratio 2.32 -> 2.18 with 64 instead of 4096; 16 and 256 alike)
         self.lazy_limit = 64 if self._prog is not None else 4096
+        self._load_kernels()
+
+    def _load_kernels(self) -> None:
+        """Load (the first time on a machine: compile, then cached on disk) the kernels of the
+        per-request side now, not in a request's first masks: ~10 ms, where a request's masks take
+        tens of microseconds."""
+        words = np.zeros(self.n_words, np.uint32)
+        self.one_first_byte(words)
+        _and_allowed(words, words, words, words)
+        ok, need = np.zeros(self.n_words, np.uint32), np.zeros(self.n_words, np.uint32)
+        _verdict_words(np.full(self.n_signatures, -1, np.int8), self.sig_of, self._plain_ids, ok, need)
+        reach = np.flatnonzero(self.bpe.reach[: self.vocab_size])
+        if reach.shape[0]:
+            t = int(reach[0])
+            self.bpe.pair_ok(t, t)
+            self.bpe.conflict_words(t, self.n_words)
 
     # -------------------------------------------------------------- build
     @classmethod
@@ -427,33 +444,28 @@ class CanonicalTokenizer:
             while len(table) > limit:
                 table.popitem(last=False)
 
-    @functools.cached_property
-    def token_of_bytes(self) -> dict:
-        """bytes -> id of the tokens that may occur in a canonical sequence."""
+    def _build_lookups(self) -> None:
+        """Tables the per-request side reads (built with the rest of the tokenizer side, not in a
+        request's first masks: 80-140 ms for Llama-3's 128k tokens)."""
         tb = self.info.token_bytes
-        return {tb[t]: t for t in range(self.vocab_size) if tb[t] and self.bpe.reach[t]}
-
-    @functools.cached_property
-    def _first_bytes(self) -> tuple[np.ndarray, np.ndarray]:
-        """(first byte of each token, -1 for none; per byte, the bitmask of the tokens starting
-        with it)."""
-        tb = self.info.token_bytes
+        reach = np.flatnonzero(self.bpe.reach[: self.vocab_size]).tolist()
+        #: bytes -> id of the tokens that may occur in a canonical sequence
+        self.token_of_bytes = tob = {tb[t]: t for t in reach if tb[t]}
+        # (token bytes in increasing order, their ids): tokens_starting_with
+        keys = sorted(tob)
+        self._sorted_tokens = (keys, [tob[k] for k in keys])
+        # (first byte of each token, -1 for none; per byte, the bitmask of the tokens starting with it)
         first = np.array([b[0] if b else -1 for b in tb[: self.vocab_size]], np.int16)
         ids = np.flatnonzero(first >= 0)
         words = np.zeros((256, self.n_words), np.uint32)
         np.bitwise_or.at(words, (first[ids].astype(np.int64), ids >> 5),
                          np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
-        return first, words
+        self._first_bytes = (first, words)
 
     def one_first_byte(self, words: np.ndarray) -> bool:
         """Do all the tokens of the (non-empty) mask ``words`` start with one byte?"""
         first, fw = self._first_bytes
         return bool(_one_first_byte(words, first, fw))
-
-    @functools.cached_property
-    def _sorted_tokens(self):
-        items = sorted(self.token_of_bytes.items())
-        return [b for b, _ in items], [t for _, t in items]
 
     def tokens_starting_with(self, prefix: bytes, limit: int) -> list:
         """Up to ``limit`` ids of tokens whose bytes start with ``prefix`` and are longer."""
