@@ -121,3 +121,69 @@ def test_a_dropped_exprset_is_freed_without_the_cyclic_collector():
     finally:
         if was:
             gc.enable()
+
+
+def test_a_ladder_is_stored_with_its_top_and_only_as_deep_as_asked():
+    """``ensure(..., ladder=k)`` stores, with ``c{0,h} y`` (leading whitespace) or ``c y`` (a
+    key's bytes), the next ``k - 1`` rungs down the run (ExprSet.ladder_next), each row the same
+    as its own transitions; a plain ``ensure`` stores the expression alone."""
+    ex = ExprSet()
+    ws = ex.repeat(ex.byteset(sum(1 << b for b in b" \t\n\r")), 0, 32)
+    key = ex.literal(b'"name"')
+    value = parse_regex("[0-9]+", ex)
+    tops = [ex.concat(ws, key), ex.concat(ws, value), key]
+    store = rowstore.row_store(ex)
+    store.ensure(ex, [key])
+    assert len(store) == 1
+    store.ensure(ex, [key], ladder=4)    # stored already: nothing more (its rungs come when asked)
+    assert len(store) == 1
+    for top, k in zip(tops[:2], (20, 40)):
+        store.ensure(ex, [top], ladder=k)
+        rungs, e = [], top
+        while e >= 0 and len(rungs) < 80:
+            rungs.append(e)
+            e = ex.ladder_next(e, ex.transitions(e))
+        want = min(k, len(rungs))
+        assert [store.has(r) for r in rungs[:want]] == [True] * want
+        assert not any(store.has(r) for r in rungs[want:] if r != key)
+        for r in rungs[:want]:
+            assert _decoded(store, r) == [(m, t, ex.nullable(t)) for m, t in ex.transitions(r)]
+    # the rungs: whitespace counts down to the lexeme; a key's bytes down to its last two
+    e, n = ex.concat(ws, key), 0
+    while e >= 0:
+        n += 1
+        e = ex.ladder_next(e, ex.transitions(e))
+    assert n == 32 + len(b'"name"') - 1   # ws{0,32} .. ws{0,1}, then the key down to its last two bytes
+    assert ex.ladder_next(value, ex.transitions(value)) == -1
+    assert ex.ladder_next(ex.concat(ex.star(ex.byteset(1 << 32)), key), ()) == -1   # unbounded: no rungs
+
+
+def test_subtree_depths_and_the_chain_frontiers_depth():
+    """The greatest depth below each trie node (against a scan of the subtree), and
+    ``chain_frontier``'s ``deep``: the most bytes the trie holds below an unexpanded state it
+    reports."""
+    from grammask.grammar.mask import chain_frontier
+    from grammask.grammar.slicer import ForestArrays, subtree_depths
+    from grammask.grammar.toktrie import TokTrie
+
+    rng = np.random.default_rng(0)
+    toks = sorted({bytes(rng.integers(97, 100, size=int(rng.integers(1, 9))).tolist()) for _ in range(300)})
+    t = TokTrie.build(toks)
+    d = subtree_depths(t.node_depth, t.node_end)
+    for i in range(t.n_nodes):
+        assert d[i] == t.node_depth[i:t.node_end[i]].max()
+    F = ForestArrays(t.node_byte, t.node_depth, t.node_end, *([None] * 6))
+    # a lexer whose states 0 and 1 are expanded and state 2 is not: the frontier is state 2, two
+    # bytes below a chain's node, and ``deep`` the longest run of bytes below it
+    trans = np.full(256 * 16, -1, np.int32)
+    for s in range(16):
+        trans[s * 256 + 97:s * 256 + 100] = s + 1 if s < 2 else -2
+    for node in (t.child(0, 97), t.child(t.child(0, 98), 99)):
+        pairs = np.array([node, 0], np.int32)
+        out, deep = np.zeros(16, np.int32), np.zeros(1, np.int64)
+        n = chain_frontier(F, trans, pairs, 1, np.zeros(t.max_depth + 2, np.int32), out, d, deep)
+        assert n > 0 and set(out[:n].tolist()) == {2}
+        # state 0 reads the node's byte, then states 1 and 2: state 2 is met two levels below
+        at = t.node_depth[node] + 2
+        below = [j for j in range(node + 1, t.node_end[node]) if t.node_depth[j] == at]
+        assert deep[0] == max(d[j] - at + 1 for j in below) > 1

@@ -12,6 +12,7 @@ from .earley import (GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT, Miss
                      grammar_tables, initial_row, new_missing)
 from .lexer import EAGER_RESOLVE_BUDGET, MAX_LEXER_STATES, Lexer
 from .mask import FastCall, chain_frontier
+from .slicer import forest_sub_depth
 
 #: calls of one kernel (with Python's work between them) before :meth:`CompiledGrammar.run` gives up
 MAX_RESOLVE_ROUNDS = 100_000
@@ -200,15 +201,21 @@ class CompiledGrammar:
         subtrees (:func:`~.mask.chain_frontier`) names the states still to build; repeated until
         none is left. Without this a run of one byte (Llama-3 has tokens of 16+ spaces or
         dashes) costs a whole trie walk per byte."""
-        F = self.forest.arrays
-        at = np.zeros(int(self.forest.trie.max_depth) + 2, np.int32)
+        forest = self.forest
+        F = forest.arrays
+        at = np.zeros(int(forest.trie.max_depth) + 2, np.int32)
         out = np.zeros(256, np.int32)
+        deep = np.zeros(1, np.int64)
+        sub_depth = forest_sub_depth(forest)
         pairs, n_pairs = M.chains, int(M.counts[3])
         for _ in range(10_000):
-            n = chain_frontier(F, lx.tables.trans, pairs, n_pairs, at, out)
+            n = chain_frontier(F, lx.tables.trans, pairs, n_pairs, at, out, sub_depth, deep)
             if not n:
                 return
-            lx.expand_many(sorted(set(out[:n].tolist())))
+            # the rows of a run of bytes (whitespace, a key) as deep as the trie goes below
+            # these states, in one round; the compiled expansion then walks down the run
+            lx.expand_many(sorted(set(out[:n].tolist())), EAGER_RESOLVE_BUDGET if lx.eager else 0,
+                           ladder=int(deep[0]))
 
     def new_stack(self) -> ParseStack:
         return self._template.copy()

@@ -285,7 +285,7 @@ class Lexer:
         self._reserve_g(1)
         return int(_g_intern(self._X, e, lx, 1 if self.exprs.nullable(e) else 0))
 
-    def _fill_rows(self, gs) -> None:
+    def _fill_rows(self, gs, ladder: int = 1) -> None:
         """The DFA rows of the DFA states ``gs`` that have none yet: their transitions
         (derivatives, stored per ExprSet: :mod:`.rowstore`) written in one Numba call
         (:func:`.rowstore.fill_stored_rows`), with, breadth first, the rows of up to
@@ -297,7 +297,7 @@ class Lexer:
         X = self._X
         arr = np.asarray(gs, np.int64)
         exprs = X.g_expr[arr]
-        store.ensure(ex, exprs.tolist())
+        store.ensure(ex, exprs.tolist(), ladder)
         free = EAGER_FREE_ROWS
         queue = self._free_queue
         if queue.shape[0] < free:
@@ -378,7 +378,7 @@ class Lexer:
             self.acc_lex, self.acc_off = acc_lex, acc_off
             self._publish()
 
-    def _eager_expand(self, states, budget: int, spec_rows: bool = False) -> None:
+    def _eager_expand(self, states, budget: int, spec_rows: bool = False, ladder: int = 1) -> None:
         """Expand ``states`` (and breadth first up to ``budget`` more, only those whose members'
         DFA rows are built unless ``spec_rows``) in Numba (lock held)."""
         seeds = [s for s in states if not self.expanded[s]]
@@ -407,7 +407,7 @@ class Lexer:
             if st == lexdfa.NEED_ROWS:
                 D = self._D
                 n = int(D.cnt[8])
-                self._fill_rows(sorted(set(D.need[:n].tolist())))
+                self._fill_rows(sorted(set(D.need[:n].tolist())), ladder)
                 D.cnt[8] = 0
             elif st == lexdfa.NEED_ROOM:
                 D = self._D
@@ -472,12 +472,12 @@ class Lexer:
             return tuple(self.acc_lex[self.acc_off[k]:self.acc_off[k + 1]].tolist())
         return self._acc_sets[k]
 
-    def expand_many(self, states, budget: int = 0) -> None:
+    def expand_many(self, states, budget: int = 0, ladder: int = 1) -> None:
         """Expand every state of ``states`` (an eager lexer also up to ``budget`` more, breadth
         first: see :data:`EAGER_RESOLVE_BUDGET`)."""
         with self.lock, self.counting():
             if self.eager:
-                self._eager_expand(states, budget)
+                self._eager_expand(states, budget, ladder=ladder)
                 return
             for s in states:
                 if not self.expanded[s]:

@@ -62,16 +62,19 @@ def _record_chain(M, node, s):
 
 
 @njit(nogil=True, cache=True)
-def chain_frontier(F, trans, pairs, n_pairs, at, out):
+def chain_frontier(F, trans, pairs, n_pairs, at, out, sub_depth, deep):
     """For the recorded chains ``pairs[2k], pairs[2k + 1]`` (trie node, lexer state): walk the
     node's subtree by plain lexer moves (``trans``) and write to ``out`` the states met that are
     not expanded yet (their subtrees are not walked); returns how many (at most ``out``'s size).
-    ``at`` is scratch (one state per trie depth). Python expands them and calls again until none
-    is left (:meth:`~.compiled.CompiledGrammar.resolve`)."""
+    ``at`` is scratch (one state per trie depth). ``deep[0]`` is set to the most bytes the trie
+    still holds below any of those states (``sub_depth``: :func:`~.slicer.forest_sub_depth`), which bounds
+    how far down a run of bytes the walk can go from them. Python expands them and calls again
+    until none is left (:meth:`~.compiled.CompiledGrammar.resolve`)."""
     node_byte = F.node_byte
     node_depth = F.node_depth
     node_end = F.node_end
     n = 0
+    most = 0
     for k in range(n_pairs):
         i = pairs[2 * k]
         s = pairs[2 * k + 1]
@@ -80,6 +83,9 @@ def chain_frontier(F, trans, pairs, n_pairs, at, out):
             if n < out.shape[0]:
                 out[n] = s
                 n += 1
+                r = sub_depth[i] - node_depth[i] + 1
+                if r > most:
+                    most = r
             continue
         if t < 0:
             continue
@@ -94,6 +100,9 @@ def chain_frontier(F, trans, pairs, n_pairs, at, out):
                 if n < out.shape[0]:
                     out[n] = p
                     n += 1
+                    r = sub_depth[j] - d + 1
+                    if r > most:
+                        most = r
                 j = node_end[j]
                 continue
             if x < 0:
@@ -101,6 +110,7 @@ def chain_frontier(F, trans, pairs, n_pairs, at, out):
                 continue
             at[d] = x
             j += 1
+    deep[0] = most
     return n
 
 

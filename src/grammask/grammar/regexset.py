@@ -44,6 +44,7 @@ MOST_REFUSED = -2          # _counted_most: the pair's graph was past the explor
 #: pairs the most-factors exploration may meet when it is tried first (a minLength check); past it
 #: the searches decide, and every pair met is remembered as refused (its next states skip it)
 MOST_FIRST_PAIRS = 300
+LADDER_LITERALS = True
 
 
 def _lowbit(mask: int) -> int:
@@ -529,6 +530,26 @@ class ExprSet:
             return ()
         nxt = e if hi == INF else self._concat2(self.repeat(x, 0, hi - 1), y)
         return ((m, nxt),) + ty
+
+    def ladder_next(self, e: int, tr) -> int:
+        """The next rung of ``e`` when its transitions ``tr`` are those of a derivative-free
+        shape that a run of bytes walks down (see :meth:`_skip_prefix_transitions`): ``c y``
+        reads ``c`` into ``y``; ``c{0,h} y`` (no byte of ``c`` starting ``y``, ``h`` finite) reads
+        ``c`` into ``c{0,h-1} y``. -1 otherwise. The row store stores a whole ladder at once
+        (:mod:`.rowstore`), so that a run of whitespace or the bytes of a key are walked by the
+        compiled expansion without a round trip per byte."""
+        if not tr or self.kind[e] != CONCAT:
+            return -1
+        head, y = self.args[e]
+        k = self.kind[head]
+        if k == BYTES:
+            return y if LADDER_LITERALS and len(tr) == 1 and self.kind[y] == CONCAT else -1
+        if k != REPEAT:
+            return -1
+        x, lo, hi = self.args[head]
+        if lo != 0 or hi == INF or self.kind[x] != BYTES or tr[0][0] != self.args[x][0]:
+            return -1
+        return tr[0][1]
 
     def alive(self, e: int) -> bool:
         """True iff the language of ``e`` is non-empty (exact)."""

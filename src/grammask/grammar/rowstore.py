@@ -28,6 +28,8 @@ from numba import njit
 from .lexdfa import g_intern, grown
 
 #: expressions stored before the store starts over
+#: rungs of a derivative-free ladder stored with its top (ExprSet.ladder_next)
+MAX_LADDER = 64
 MAX_STORED_EXPRS = 500_000
 
 RowArrays = namedtuple("RowArrays", "first count mask tgt null cnt")
@@ -62,7 +64,7 @@ class RowStore:
         a = self.arrays
         return e < a.first.shape[0] and a.first[e] > 0
 
-    def ensure(self, ex, es) -> None:
+    def ensure(self, ex, es, ladder: int = 1) -> None:
         """Store the transitions of every expression of ``es`` (ids in the ExprSet ``ex``, whose
         store this is) not stored yet (computed by derivatives:
         :meth:`~.regexset.ExprSet.transitions`)."""
@@ -77,8 +79,14 @@ class RowStore:
             self.arrays = _new_arrays(max(1024, 2 * len(ex)), 4096)
             todo = list(es)
         for e in dict.fromkeys(todo):   # distinct, in order
-            tr = ex.transitions(e)
-            self._add(e, tr, [ex.nullable(t) for _m, t in tr], len(ex))
+            for _ in range(max(1, min(ladder, MAX_LADDER))):
+                tr = ex.transitions(e)
+                self._add(e, tr, [ex.nullable(t) for _m, t in tr], len(ex))
+                # the rungs below (a run of whitespace, the bytes of a key): their rows are then
+                # written by the compiled expansion with no round trip per byte
+                e = ex.ladder_next(e, tr)
+                if e < 0 or self.has(e):
+                    break
 
     def _add(self, e: int, tr, nullable, n_e: int) -> None:
         a = self.arrays

@@ -191,6 +191,37 @@ class SliceForest:
         return len(self.patterns)
 
 
+@njit(nogil=True, cache=True)
+def subtree_depths(node_depth, node_end):
+    """The greatest depth in each trie node's subtree (DFS preorder: the subtree of ``i`` is
+    ``i .. node_end[i] - 1``, its children ``i + 1``, ``node_end[i + 1]``, ...)."""
+    n = node_depth.shape[0]
+    out = np.empty(n, np.int16)
+    for i in range(n - 1, -1, -1):
+        m = node_depth[i]
+        j = i + 1
+        e = node_end[i]
+        while j < e:
+            if out[j] > m:
+                m = out[j]
+            j = node_end[j]
+        out[i] = m
+    return out
+
+
+_SUB_DEPTHS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def forest_sub_depth(forest: SliceForest) -> np.ndarray:
+    """The greatest depth in each node's subtree of the forest's trie (made with the forest by
+    :func:`slice_forest`; kept beside it, not in it, so that the disk cache's layout is unchanged):
+    how far below a node a run of bytes can go (:func:`~.mask.chain_frontier`)."""
+    d = _SUB_DEPTHS.get(forest)
+    if d is None:
+        d = _SUB_DEPTHS[forest] = subtree_depths(forest.arrays.node_depth, forest.arrays.node_end)
+    return d
+
+
 def slice_forest(tokenizer_info, patterns=JSON_STRING_SLICES) -> SliceForest:
     """The (cached) forest of a tokenizer for the given slice patterns (built, or loaded from the
     disk cache of :mod:`.tokenizer_cache`)."""
@@ -203,6 +234,7 @@ def slice_forest(tokenizer_info, patterns=JSON_STRING_SLICES) -> SliceForest:
             from .tokenizer_cache import cached_forest
 
             f = per[tuple(patterns)] = cached_forest(tokenizer_info, patterns)
+            forest_sub_depth(f)
         return f
 
 
