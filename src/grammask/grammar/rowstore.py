@@ -78,38 +78,51 @@ class RowStore:
             # start over; every expression asked for is stored again
             self.arrays = _new_arrays(max(1024, 2 * len(ex)), 4096)
             todo = list(es)
+        items = []      # (expression, its transitions), each once
+        batch = set()
         for e in dict.fromkeys(todo):   # distinct, in order
+            if e in batch:
+                continue
             for _ in range(max(1, min(ladder, MAX_LADDER))):
                 tr = ex.transitions(e)
-                self._add(e, tr, [ex.nullable(t) for _m, t in tr], len(ex))
+                items.append((e, tr))
+                batch.add(e)
                 # the rungs below (a run of whitespace, the bytes of a key): their rows are then
                 # written by the compiled expansion with no round trip per byte
                 e = ex.ladder_next(e, tr)
-                if e < 0 or self.has(e):
+                if e < 0 or e in batch or self.has(e):
                     break
+        self._add(items, ex)
 
-    def _add(self, e: int, tr, nullable, n_e: int) -> None:
+    def _add(self, items, ex) -> None:
+        """Store ``items`` (expression, transitions) in one write per array: the rows first, then
+        ``count`` and ``first`` (a kernel that sees ``first[e]`` set sees the whole row)."""
         a = self.arrays
-        need = max(e + 1, n_e)   # ``first``/``count`` cover every expression id of the ExprSet
+        need = len(ex)   # ``first``/``count`` cover every expression id of the ExprSet
         if need > a.first.shape[0]:
             n = a.first.shape[0]
             a = a._replace(first=grown(a.first, need, n), count=grown(a.count, need, n))
         used = int(a.cnt[0])
-        k = len(tr)
+        pairs = [p for _e, tr in items for p in tr]
+        k = len(pairs)
         if used + k > a.tgt.shape[0]:
             a = a._replace(mask=grown(a.mask, used + k, used), tgt=grown(a.tgt, used + k, used),
                            null=grown(a.null, used + k, used))
         self.arrays = a
         if k:
-            a.mask[used:used + k] = np.frombuffer(b"".join([m.to_bytes(32, "little") for m, _t in tr]),
+            a.mask[used:used + k] = np.frombuffer(b"".join([m.to_bytes(32, "little") for m, _t in pairs]),
                                                   np.uint64).reshape(k, 4)
-            a.tgt[used:used + k] = [t for _m, t in tr]
-            a.null[used:used + k] = nullable
-        a.count[e] = k
-        a.first[e] = used + 1
+            tgt = [t for _m, t in pairs]
+            a.tgt[used:used + k] = tgt
+            nul = ex._nullable
+            a.null[used:used + k] = [nul[t] for t in tgt]
+        es = np.array([e for e, _tr in items], np.int64)
+        counts = np.array([len(tr) for _e, tr in items], np.int64)
+        a.count[es] = counts
+        a.first[es] = used + 1 + np.cumsum(counts) - counts
         a.cnt[0] = used + k
-        a.cnt[1] += 1
-        self.added += 1
+        a.cnt[1] += len(items)
+        self.added += len(items)
 
 
 def row_store(exprs) -> RowStore:
