@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import MatcherError
 from .compiled import CompiledGrammar
-from .earley import OK
+from .earley import OK, REJECT
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
                    jump_forward, walk_stack)
 from .utf8 import utf8_prefix
@@ -23,6 +23,7 @@ _fill_mask_cached = FastCall(fill_mask_cached)
 _advance_bytes = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
 _FILL_ERROR = "internal error: the mask kernel did not settle"
+_INT32 = np.dtype(np.int32)
 
 
 class GrammarMatcher:
@@ -137,7 +138,14 @@ class GrammarMatcher:
 
     def _advance(self, data: bytes) -> bool:
         arr = np.frombuffer(data, dtype=np.uint8)
-        st = self._call(_advance_bytes, arr, self._s, self._h, tail=(self._out,))
+        # the kernel called directly (a token's bytes rarely meet a state not built yet); the
+        # driver's loop only when it asks for something
+        lexer = self._lexer
+        st = _advance_bytes(arr, self._s, self._h, self.compiled.G, lexer.tables, self._stack.arrays, self._M,
+                            self._out)
+        if st != OK and st != REJECT:
+            self.compiled.resolve(st, self._stack, self._M, lexer)
+            st = self._call(_advance_bytes, arr, self._s, self._h, tail=(self._out,))
         if st != OK:
             return False
         self._s, self._h = int(self._out[0]), int(self._out[1])
@@ -229,11 +237,25 @@ class GrammarMatcher:
         mc = comp.mask_cache_of(lexer)
         skip, combo, _visits, cache = mc.entry(s)
         w = self._walk
+        if words.shape[0] != n_words:
+            words = words[:n_words]
+        F = comp.forest.arrays
+        stack, M = self._stack, self._M
+        # the kernel called directly (most masks read only built states); the driver's loop
+        # (build what it asked for, call again) only when it did not settle
         if cache is not None:
-            fn, head = _fill_mask_cached, (comp.forest.arrays, combo, cache, s, self._h, self._lex_len)
+            st = _fill_mask_cached(F, combo, cache, s, self._h, self._lex_len, comp.G, lexer.tables, stack.arrays, M,
+                                   w, mc.store, words)
         else:
-            fn, head = _fill_mask, (comp.forest.arrays, skip, s, self._h, self._lex_len)
-        comp.run(fn, self._stack, self._M, head, (w, mc.store, words[:n_words]), _FILL_ERROR, lexer)
+            st = _fill_mask(F, skip, s, self._h, self._lex_len, comp.G, lexer.tables, stack.arrays, M, w, mc.store,
+                            words)
+        if st != OK and st != REJECT:
+            comp.resolve(st, stack, M, lexer)
+            if cache is not None:
+                fn, head = _fill_mask_cached, (F, combo, cache, s, self._h, self._lex_len)
+            else:
+                fn, head = _fill_mask, (F, skip, s, self._h, self._lex_len)
+            comp.run(fn, stack, M, head, (w, mc.store, words), _FILL_ERROR, lexer)
         if w.req[0]:
             mc.requested(w.req)
         if self._canon is not None:
@@ -279,6 +301,8 @@ class GrammarMatcher:
 
 def _row_words(bitmask, index: int) -> np.ndarray:
     """A writable uint32 numpy view of row ``index`` of an int32 bitmask (numpy or CPU torch)."""
+    if type(bitmask) is np.ndarray and bitmask.dtype == _INT32 and bitmask.ndim == 2 and bitmask.flags.c_contiguous:
+        return bitmask[index].view(np.uint32)   # the usual case, checked at once
     if isinstance(bitmask, np.ndarray):
         arr = bitmask
     else:  # torch tensor on CPU: share memory through numpy
