@@ -44,7 +44,6 @@ MOST_REFUSED = -2          # _counted_most: the pair's graph was past the explor
 #: pairs the most-factors exploration may meet when it is tried first (a minLength check); past it
 #: the searches decide, and every pair met is remembered as refused (its next states skip it)
 MOST_FIRST_PAIRS = 300
-LADDER_LITERALS = True
 
 
 def _lowbit(mask: int) -> int:
@@ -543,7 +542,7 @@ class ExprSet:
         head, y = self.args[e]
         k = self.kind[head]
         if k == BYTES:
-            return y if LADDER_LITERALS and len(tr) == 1 and self.kind[y] == CONCAT else -1
+            return y if len(tr) == 1 and self.kind[y] == CONCAT else -1
         if k != REPEAT:
             return -1
         x, lo, hi = self.args[head]

@@ -27,9 +27,10 @@ from numba import njit
 
 from .lexdfa import g_intern, grown
 
-#: expressions stored before the store starts over
-#: rungs of a derivative-free ladder stored with its top (ExprSet.ladder_next)
+#: rungs of a derivative-free ladder stored with its top at most (ExprSet.ladder_next; a chain
+#: round asks for as many as the trie goes deep below its frontier)
 MAX_LADDER = 64
+#: expressions stored before the store starts over
 MAX_STORED_EXPRS = 500_000
 
 RowArrays = namedtuple("RowArrays", "first count mask tgt null cnt")
