@@ -157,7 +157,9 @@ class GrammarMatcher:
         """Advance by one token. Returns False (state untouched) when the grammar rejects it."""
         if self._terminated:
             return False
-        self._sync()
+        lx = self._lexer
+        if lx is not self.compiled.lexer or lx.full:   # _sync's test, inline on the hot path
+            self._sync()
         token_id = int(token_id)
         if token_id in self._stop_set:
             if not self._can_end_now() or (self._canon is not None and not self._canon.can_end()):
@@ -228,13 +230,17 @@ class GrammarMatcher:
             words[:] = 0
             self._set_stop(words)
             return
-        self._sync()
         comp = self.compiled
         lexer = self._lexer
+        if lexer is not comp.lexer or lexer.full:   # _sync's test, inline on the hot path
+            self._sync()
+            lexer = self._lexer
         # the walk reads one token: from a state that reads every token as ours does (far
         # counters capped, so the positions of a long string share it)
-        s = lexer.walk_state(self._s, self._reach)
-        mc = comp.mask_cache_of(lexer)
+        s = lexer._twins.get(self._s)   # walk_state's memo, read inline on the hot path
+        if s is None:
+            s = lexer.walk_state(self._s, self._reach)
+        mc = lexer.__dict__.get("mask_cache") or comp.mask_cache_of(lexer)
         skip, combo, _visits, cache = mc.entry(s)
         w = self._walk
         if words.shape[0] != n_words:
