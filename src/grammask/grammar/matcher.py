@@ -246,22 +246,17 @@ class GrammarMatcher:
         if words.shape[0] != n_words:
             words = words[:n_words]
         F = comp.forest.arrays
-        stack, M = self._stack, self._M
+        if cache is not None:
+            fn, head = _fill_mask_cached, (F, combo, cache, s, self._h, self._lex_len)
+        else:
+            fn, head = _fill_mask, (F, skip, s, self._h, self._lex_len)
+        stack, M, tail = self._stack, self._M, (w, mc.store, words)
         # the kernel called directly (most masks read only built states); the driver's loop
         # (build what it asked for, call again) only when it did not settle
-        if cache is not None:
-            st = _fill_mask_cached(F, combo, cache, s, self._h, self._lex_len, comp.G, lexer.tables, stack.arrays, M,
-                                   w, mc.store, words)
-        else:
-            st = _fill_mask(F, skip, s, self._h, self._lex_len, comp.G, lexer.tables, stack.arrays, M, w, mc.store,
-                            words)
+        st = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail)
         if st != OK and st != REJECT:
             comp.resolve(st, stack, M, lexer)
-            if cache is not None:
-                fn, head = _fill_mask_cached, (F, combo, cache, s, self._h, self._lex_len)
-            else:
-                fn, head = _fill_mask, (F, skip, s, self._h, self._lex_len)
-            comp.run(fn, stack, M, head, (w, mc.store, words), _FILL_ERROR, lexer)
+            comp.run(fn, stack, M, head, tail, _FILL_ERROR, lexer)
         if w.req[0]:
             mc.requested(w.req)
         if self._canon is not None:
