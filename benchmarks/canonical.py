@@ -11,8 +11,9 @@ what it changes.
    every valid test instance (``json.dumps`` of the data, the tokenizer's own encoding of it, as
    maskbench.py) is stepped through token by token with a plain matcher and a canonical one, in the
    same run; per mask: the plain time and the canonical time. The grammar kernels are loaded first
-   on a schema of their own (plain matcher only); the canonical side's are loaded with it (1.). Each canonical matcher must accept
-   the canonical token sequence at every step (the exactness check of the issue), counted.
+   on a schema of their own (plain matcher only); the canonical side's are loaded with it (1.).
+   Each canonical matcher must accept the canonical token sequence at every step (the exactness
+   check of the issue), counted.
 3. The embedded model (SmolLM2-135M, CPU) sampling under a JSON schema at temperature 1, with and
    without the mode: the share of sampled outputs whose token sequence is not the tokenizer's own
    encoding of their text.
