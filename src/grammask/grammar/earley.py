@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from .lexer import lexeme_set_hash, lookup_start
+from .kstruct import kstruct
 
 OK, REJECT, MISSING, GROW_ITEMS, GROW_ROWS, GROW_HASH = 0, 1, 2, 3, 4, 5
 
@@ -74,13 +75,14 @@ MAX_CHAINS = 64
 
 def new_missing(n_lex: int) -> MissingRequests:
     """Empty request buffers for a grammar of ``n_lex`` lexemes (one per matcher)."""
-    return MissingRequests(np.zeros(4096, np.int32), np.zeros(max(16, 4 * n_lex), np.int32),
-                           np.zeros(65, np.int32), np.zeros(4, np.int32), np.zeros(2 * MAX_CHAINS, np.int32))
+    return kstruct(MissingRequests(np.zeros(4096, np.int32), np.zeros(max(16, 4 * n_lex), np.int32),
+                                   np.zeros(65, np.int32), np.zeros(4, np.int32),
+                                   np.zeros(2 * MAX_CHAINS, np.int32)))
 
 
 def grammar_tables(f) -> GrammarTables:
-    return GrammarTables(f.sym, f.end_lhs, f.prod_start, f.nt_prod_lo, f.nt_prod_hi,
-                         f.nt_nullable.astype(np.int32))
+    return kstruct(GrammarTables(f.sym, f.end_lhs, f.prod_start, f.nt_prod_lo, f.nt_prod_hi,
+                                 f.nt_nullable.astype(np.int32)))
 
 
 @njit(nogil=True, cache=True)
@@ -307,13 +309,13 @@ class ParseStack:
         info = np.zeros(4, i32)
         info[1] = flat.accept_pos
         info[2] = flat.start_nt
-        self.arrays = ParseArrays(
+        self.arrays = kstruct(ParseArrays(
             it_pos=np.zeros(items, i32), it_org=np.zeros(items, i32),
             row_beg=np.zeros(rows + 1, i32), row_ls=np.full(rows, -2, i32),
             row_key=np.full(rows, -1, i32), row_acc=np.zeros(rows, i32),
             pred=np.zeros(n_nt, i32), lex_stamp=np.zeros(n_lex, i32), lex_mark=np.zeros(n_lex, i32),
             allowed=np.zeros(n_lex + 1, i32), hstamp=np.zeros(hash_size, i32), info=info,
-            hkeys=np.zeros(hash_size, np.int64))
+            hkeys=np.zeros(hash_size, np.int64)))
 
     def grow(self, status: int) -> None:
         """Grow the array a kernel found full: items and rows x2, the row's item hash x4; past
@@ -360,7 +362,7 @@ class ParseStack:
     def copy(self) -> "ParseStack":
         new = object.__new__(ParseStack)
         new.flat = self.flat
-        new.arrays = ParseArrays(*[x.copy() for x in self.arrays])
+        new.arrays = kstruct(ParseArrays(*[x.copy() for x in self.arrays]))
         return new
 
 

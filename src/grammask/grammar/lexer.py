@@ -43,6 +43,7 @@ from ..errors import GrammarTooComplexError
 from . import lexdfa, rowstore
 from .lexdfa import FastCall, eager_expand, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
+from .kstruct import kstruct
 from .regexset import ExprSet, pack_ids
 
 DEAD = -1
@@ -239,8 +240,8 @@ class Lexer:
     def _publish(self) -> None:
         """Hand the current arrays to kernels (after any of them was reallocated): one attribute
         store, so a kernel never sees arrays from two different moments."""
-        self.tables = LexerTables(self.trans, self.state_acc, self.acc_off, self.acc_lex,
-                                  self.st_keys, self.st_vals)
+        self.tables = kstruct(LexerTables(self.trans, self.state_acc, self.acc_off, self.acc_lex,
+                                          self.st_keys, self.st_vals))
 
     # ---------------------------------------------------------------- states
     @property

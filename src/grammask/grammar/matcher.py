@@ -14,6 +14,7 @@ import numpy as np
 from ..errors import MatcherError
 from .compiled import CompiledGrammar
 from .earley import OK, REJECT
+from .kstruct import kstruct
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
                    jump_forward, walk_stack)
 from .utf8 import utf8_prefix
@@ -48,12 +49,12 @@ class GrammarMatcher:
         self._token_bytes = info.token_bytes
         self._M = compiled.new_missing(compiled.flat.n_lexemes)
         depth = int(compiled.forest.trie.max_depth) + 2
-        self._walk = WalkBuffers(
+        self._walk = kstruct(WalkBuffers(
             ls_st=np.zeros(depth, np.int32), h_st=np.zeros(depth, np.int32),
             found=np.empty(compiled.forest.trie.n_tokens + 1, np.int32),  # written before read
             stop_ids=np.array([t for t in self.stop_token_ids if 0 <= t < self.vocab_size], np.int32),
             req=np.zeros(1 + 2 * 64, np.int64),
-            stack=walk_stack(depth, compiled.forest.arrays.seg_start.shape[0]))
+            stack=walk_stack(depth, compiled.forest.arrays.seg_start.shape[0])))
         self._out = np.zeros(2, np.int32)
         #: what one mask's walk can read: a prefix of a token (see Lexer.walk_state)
         self._reach = compiled.reach
@@ -88,8 +89,8 @@ class GrammarMatcher:
         new._stack = self._stack.copy()
         new._M = self.compiled.new_missing(self.compiled.flat.n_lexemes)
         w = self._walk
-        new._walk = WalkBuffers(w.ls_st.copy(), w.h_st.copy(), w.found.copy(), w.stop_ids, w.req.copy(),
-                                np.empty_like(w.stack))
+        new._walk = kstruct(WalkBuffers(w.ls_st.copy(), w.h_st.copy(), w.found.copy(), w.stop_ids, w.req.copy(),
+                                        np.empty_like(w.stack)))
         new._out = self._out.copy()
         new._ok = self._ok.copy()
         new._history = deque(self._history, maxlen=self._history.maxlen)

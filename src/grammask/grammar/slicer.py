@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from .regex import parse_regex
+from .kstruct import kstruct
 from .reach import TokenReach, begun_within
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet
 from .toktrie import TokTrie
@@ -147,8 +148,8 @@ class SliceForest:
         tries = [TokTrie._build_from(tb, g.tolist()) for g in groups]
         self._concat(tries)
         t = self.trie
-        self.arrays = ForestArrays(t.node_byte, t.node_depth, t.node_end, self.node_tok, self.seg_start,
-                                   self.seg_end, self.combo_words, self.dup_first, self.dup_other)
+        self.arrays = kstruct(ForestArrays(t.node_byte, t.node_depth, t.node_end, self.node_tok, self.seg_start,
+                                           self.seg_end, self.combo_words, self.dup_first, self.dup_other))
 
     def _concat(self, tries) -> None:
         nb, nd, ne, ts, te, ids = [np.zeros(1, np.uint8)], [np.zeros(1, np.int16)], [None], [np.zeros(1, np.int32)], [np.zeros(1, np.int32)], []

@@ -41,6 +41,7 @@ from numba import njit
 from .earley import MISSING, OK
 from .lexdfa import grown
 from .mask import FastCall, NestedStore, StateCache, _nested_slot
+from .kstruct import kstruct
 
 #: a state is cached on this visit (the first visit of most states is also their last)
 BUILD_AFTER = 2
@@ -214,9 +215,9 @@ class StateMaskCache:
         self._scratch = None
         #: nested entries (see :data:`~.mask.NestedStore`): published whole when an array grows,
         #: else written in place after the last entry, its key last
-        self.store = NestedStore(np.full(64, -1, np.int64), np.zeros(64, np.int32), np.zeros(65, np.int64),
-                                 np.zeros(256, np.int32), np.zeros(65, np.int64), np.zeros(256, np.int32),
-                                 np.zeros(256, np.int32), np.zeros(257, np.int64), np.zeros(256, np.int32))
+        self.store = kstruct(NestedStore(np.full(64, -1, np.int64), np.zeros(64, np.int32), np.zeros(65, np.int64),
+                                         np.zeros(256, np.int32), np.zeros(65, np.int64), np.zeros(256, np.int32),
+                                         np.zeros(256, np.int32), np.zeros(257, np.int64), np.zeros(256, np.int32)))
         self._n = [0, 0, 0, 0]   # entries, tokens, groups, nodes used in the store
         self._asked: dict[int, int] = {}
         self.n_nested = 0
@@ -323,4 +324,4 @@ class StateMaskCache:
                 return None
             self.nbytes += sum(a.nbytes for a in C) + ENTRY_BYTES
             self.n_cached += 1
-        return C
+        return kstruct(C)

@@ -250,6 +250,7 @@ def forest_to_arrays(forest) -> dict[str, np.ndarray] | None:
 def forest_from_arrays(arrays: dict[str, np.ndarray], tokenizer_info, patterns):
     """A :class:`~.slicer.SliceForest` from :func:`forest_to_arrays`'s arrays, checked for consistency
     with the tokenizer (ValueError otherwise): the mask kernel indexes with them unchecked."""
+    from .kstruct import kstruct
     from .slicer import ForestArrays, SliceForest
 
     _check(ForestArrays._fields == _FOREST_FIELDS, "forest layout")
@@ -281,7 +282,7 @@ def forest_from_arrays(arrays: dict[str, np.ndarray], tokenizer_info, patterns):
     f.combo_words = combo
     f.trie = trie
     f.node_tok, f.dup_first, f.dup_other, f.seg_start, f.seg_end = node_tok, df, do, ss, se
-    f.arrays = ForestArrays(trie.node_byte, trie.node_depth, trie.node_end, node_tok, ss, se, combo, df, do)
+    f.arrays = kstruct(ForestArrays(trie.node_byte, trie.node_depth, trie.node_end, node_tok, ss, se, combo, df, do))
     return f
 
 

@@ -1,0 +1,89 @@
+"""Kernel records: a named tuple of arrays handed to the Numba kernels as one boxed struct.
+
+The kernels take their arrays grouped in named tuples (the forest's ``F``, the grammar's ``G``,
+the lexer's ``L``, a parse stack's ``P``, ...). Numba unboxes a named tuple field by field on
+every call from Python, ~25-40 ns an array: the mask kernel's 60 arrays cost ~2 µs a call, a
+sixth of a warm mask. A :class:`KStruct` holds the same arrays in one Numba ``StructRef`` (one
+pointer to unbox) and reads like the named tuple it was made from, in kernels and in Python:
+``F.node_byte`` in both; iteration, ``_replace`` and ``_asdict`` in Python.
+
+A record never changes after it is made: writes go into its arrays (shared with the tuple), and an
+array replaced (grown) means a new record (``rec._replace(...)``, as for a named tuple). The
+struct type follows the tuple's field names and array types, so each kind of record compiles its
+kernels once; :func:`kstruct`'s constructor is cached on disk like the kernels.
+"""
+from __future__ import annotations
+
+from numba import njit, types
+from numba.core.extending import overload
+from numba.experimental import structref
+
+
+@structref.register
+class KStructType(types.StructRef):
+    """The Numba type of a :class:`KStruct`: one field per field of the named tuple."""
+
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(t)) for name, t in fields)
+
+
+class KStruct(structref.StructRefProxy):
+    """A kernel record (see the module docstring). Python reads its fields from the instance
+    dict (filled once when it is made), so attribute reads cost what a plain object's do."""
+
+    def __iter__(self):
+        return iter(self._tuple)
+
+    def __len__(self):
+        return len(self._tuple)
+
+    def __getitem__(self, i):
+        return self._tuple[i]
+
+    def _replace(self, **fields) -> "KStruct":
+        return kstruct(self._tuple._replace(**fields))
+
+    def _asdict(self) -> dict:
+        return self._tuple._asdict()
+
+    @property
+    def _fields(self) -> tuple:
+        return self._tuple._fields
+
+    def __repr__(self) -> str:
+        return f"KStruct({self._tuple!r})"
+
+
+structref.define_boxing(KStructType, KStruct)
+
+
+def _struct_from(nt):  # typed by the overload below; never runs in Python
+    raise NotImplementedError
+
+
+@overload(_struct_from, jit_options={"nogil": True})
+def _ol_struct_from(nt):
+    if not isinstance(nt, (types.NamedTuple, types.NamedUniTuple)):
+        return None
+    st = KStructType(list(zip(nt.fields, nt.types)))
+    body = "".join(f"    s.{f} = nt[{i}]\n" for i, f in enumerate(nt.fields))
+    src = f"def impl(nt):\n    s = new(st)\n{body}    return s\n"
+    scope = {"new": structref.new, "st": st}
+    exec(src, scope)   # one assignment per field: StructRef fields are set by name
+    return scope["impl"]
+
+
+@njit(nogil=True, cache=True)
+def _to_struct(nt):
+    return _struct_from(nt)
+
+
+def kstruct(nt) -> KStruct:
+    """The kernel record of named tuple ``nt`` (its arrays, shared, not copied)."""
+    if isinstance(nt, KStruct):
+        return nt
+    s = _to_struct(nt)
+    d = s.__dict__
+    d.update(zip(nt._fields, nt))
+    d["_tuple"] = nt
+    return s
