@@ -79,9 +79,17 @@ def _to_struct(nt):
 
 
 def kstruct(nt) -> KStruct:
-    """The kernel record of named tuple ``nt`` (its arrays, shared, not copied)."""
+    """The kernel record of named tuple ``nt`` (its arrays, shared, not copied).
+
+    Only the engine's own named tuples (classes defined in a ``grammask`` module): the cached
+    constructor's index names the tuple class of every record made, and every later process
+    imports those classes to read the index. A class from a module that is not importable there
+    (a test's, a script's ``__main__``) would break the cache for all of them."""
     if isinstance(nt, KStruct):
         return nt
+    mod = type(nt).__module__
+    if not mod.startswith("grammask."):
+        raise TypeError(f"kstruct takes the engine's named tuples only, not {mod}.{type(nt).__qualname__}")
     s = _to_struct(nt)
     d = s.__dict__
     d.update(zip(nt._fields, nt))
