@@ -24,6 +24,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from .kstruct import kstruct
+
 class FastCall:
     """Call a Numba kernel through the entry point of its one compiled signature, skipping the
     dispatcher's type matching (which costs several microseconds for kernels with many array
@@ -75,9 +77,9 @@ LexemeDFAs = namedtuple("LexemeDFAs", "g_next g_null g_lex g_done g_expr g_keys 
 
 
 def new_dfas(cap: int) -> LexemeDFAs:
-    return LexemeDFAs(np.full(cap * 256, -1, np.int32), np.zeros(cap, np.bool_),
-                      np.zeros(cap, np.int32), np.zeros(cap, np.bool_), np.zeros(cap, np.int64),
-                      np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64))
+    return kstruct(LexemeDFAs(np.full(cap * 256, -1, np.int32), np.zeros(cap, np.bool_),
+                              np.zeros(cap, np.int32), np.zeros(cap, np.bool_), np.zeros(cap, np.int64),
+                              np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64)))
 
 
 def grown(a: np.ndarray, need: int, used: int) -> np.ndarray:
@@ -175,10 +177,10 @@ def g_intern(X, expr, lx, null):
 
 def new_store(cap_states: int, cap_mem: int, cap_acc: int) -> ExpandStore:
     q = 2 * cap_states + 16
-    return ExpandStore(np.zeros(cap_states + 1, np.int64), np.zeros(cap_mem, np.int32),
-                       np.full(2 * cap_states, -1, np.int32), np.full(2 * cap_acc, -1, np.int32),
-                       np.zeros(q, np.int32), np.zeros(q, np.int32), np.zeros(1024, np.int32),
-                       np.zeros(11, np.int64))
+    return kstruct(ExpandStore(np.zeros(cap_states + 1, np.int64), np.zeros(cap_mem, np.int32),
+                               np.full(2 * cap_states, -1, np.int32), np.full(2 * cap_acc, -1, np.int32),
+                               np.zeros(q, np.int32), np.zeros(q, np.int32), np.zeros(1024, np.int32),
+                               np.zeros(11, np.int64)))
 
 
 @njit(nogil=True, cache=True)

@@ -25,6 +25,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from .kstruct import kstruct
 from .lexdfa import g_intern, grown
 
 #: rungs of a derivative-free ladder stored with its top at most (ExprSet.ladder_next; a chain
@@ -43,9 +44,9 @@ NEED_ROOM = 1   # the lexeme DFA arrays need room for more states: grow them and
 def _new_arrays(cap_exprs: int, cap_entries: int) -> RowArrays:
     # ``first`` and ``count`` are indexed by expression id, up to the ExprSet's size: zeros are
     # mapped lazily, so a large capacity costs nothing until written
-    return RowArrays(np.zeros(cap_exprs, np.int64), np.zeros(cap_exprs, np.int32),
-                     np.zeros((cap_entries, 4), np.uint64), np.zeros(cap_entries, np.int64),
-                     np.zeros(cap_entries, np.uint8), np.zeros(2, np.int64))
+    return kstruct(RowArrays(np.zeros(cap_exprs, np.int64), np.zeros(cap_exprs, np.int32),
+                             np.zeros((cap_entries, 4), np.uint64), np.zeros(cap_entries, np.int64),
+                             np.zeros(cap_entries, np.uint8), np.zeros(2, np.int64)))
 
 
 class RowStore:

@@ -296,7 +296,8 @@ class StateMaskCache:
                 # the new entry's key must appear only in a table published with its arrays: a
                 # kernel still holding the old arrays would read past them
                 new.update(keys=keys.copy(), vals=vals.copy())
-            S = S._replace(**new)
+            if new:
+                S = S._replace(**new)
             S.toks[nt:nt2] = toks
             S.grp_state[ng:ng2] = gs
             S.grp_byte[ng:ng2] = gb
