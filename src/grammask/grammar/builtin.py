@@ -17,7 +17,7 @@ lexemes are greedy-safe by construction (:func:`~.cfg.lower` does not need to ch
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 
 from .cfg import Grammar
 from .regexset import ExprSet
@@ -44,12 +44,14 @@ def _mask(bs: bytes) -> int:
 
 @dataclass
 class JsonLexemes:
-    """Expressions of the JSON tokens (without leading whitespace) in one ExprSet."""
+    """Expressions of the JSON tokens (without leading whitespace) in one ExprSet (not kept:
+    the ExprSet keeps these among its shared compile tables, and a reference back would make the
+    pair a cycle, freed only by a full garbage collection)."""
 
-    exprs: ExprSet
+    exprs: InitVar[ExprSet]
 
-    def __post_init__(self):
-        ex = self.exprs
+    def __post_init__(self, exprs):
+        ex = exprs
         from .regex import char_class_expr
 
         # any Unicode scalar except '"', '\\' and control characters U+0000..U+001F

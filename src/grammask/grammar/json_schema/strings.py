@@ -7,6 +7,8 @@ the ExprSet (they are shared by every schema compiled into it).
 """
 from __future__ import annotations
 
+import weakref
+
 from ..builtin import JsonLexemes
 from ..regexset import AND, BYTES, CONCAT, EMPTY, EPS, NOT, OR, REPEAT, ExprSet
 
@@ -40,10 +42,18 @@ def _byte_runs(m: int) -> list[tuple[int, int]]:
 class Strings:
     """JSON string encodings of decoded-string languages."""
 
+    @property
+    def ex(self) -> ExprSet:
+        return self._ex()
+
     def __init__(self, ex: ExprSet, lx: JsonLexemes):
         from ..regex import any_utf8_char, any_utf8_string, char_class_expr
 
-        self.ex = ex
+        # weak: the ExprSet keeps this object among its shared compile tables (see
+        # json_schema/state.py); a strong reference back would make the pair a cycle, and a
+        # dropped ExprSet (millions of nodes) would wait for a full garbage collection, which
+        # then frees it inside whatever mask is running
+        self._ex = weakref.ref(ex)
         self.quote = ex.literal('"')
         self.body_full = ex.star(lx.string_char)
         self.any_char = any_utf8_char(ex)
