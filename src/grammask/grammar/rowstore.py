@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from .kstruct import kstruct
-from .lexdfa import g_intern, grown
+from .lexdfa import FastCall, g_intern, grown
 
 #: rungs of a derivative-free ladder stored with its top at most (ExprSet.ladder_next; a chain
 #: round asks for as many as the trie goes deep below its frontier)
@@ -111,21 +111,38 @@ class RowStore:
             a = a._replace(mask=grown(a.mask, used + k, used), tgt=grown(a.tgt, used + k, used),
                            null=grown(a.null, used + k, used))
         self.arrays = a
-        if k:
-            a.mask[used:used + k] = np.frombuffer(b"".join([m.to_bytes(32, "little") for m, _t in pairs]),
-                                                  np.uint64).reshape(k, 4)
-            tgt = [t for _m, t in pairs]
-            a.tgt[used:used + k] = tgt
-            nul = ex._nullable
-            a.null[used:used + k] = [nul[t] for t in tgt]
+        masks = np.frombuffer(b"".join([m.to_bytes(32, "little") for m, _t in pairs]), np.uint64)
+        tgt = np.array([t for _m, t in pairs], np.int64)
         es = np.array([e for e, _tr in items], np.int64)
         counts = np.array([len(tr) for _e, tr in items], np.int64)
-        a.count[es] = counts
-        a.first[es] = used + 1 + np.cumsum(counts) - counts
-        a.cnt[0] = used + k
-        a.cnt[1] += len(items)
+        # the ExprSet's nullable flags, read in place (the caller holds its lock: nothing appends)
+        _store_rows_call(a, es, counts, masks, tgt, np.frombuffer(ex._nullable, np.uint8), used)
         self.added += len(items)
 
+
+@njit(nogil=True, cache=True)
+def _store_rows(a, es, counts, masks, tgt, nullable, used):
+    """Write the rows (``masks``: 4 words per transition, ``tgt``) of the expressions ``es``
+    (``counts`` transitions each, in order) after the ``used`` entries of store ``a``: the
+    entries first, then every ``count``, then every ``first`` (a kernel that sees ``first[e]`` set
+    sees the whole row)."""
+    k = tgt.shape[0]
+    for i in range(k):
+        for w in range(4):
+            a.mask[used + i, w] = masks[4 * i + w]
+        a.tgt[used + i] = tgt[i]
+        a.null[used + i] = nullable[tgt[i]]
+    for j in range(es.shape[0]):
+        a.count[es[j]] = counts[j]
+    pos = used + 1
+    for j in range(es.shape[0]):
+        a.first[es[j]] = pos
+        pos += counts[j]
+    a.cnt[0] = used + k
+    a.cnt[1] += es.shape[0]
+
+
+_store_rows_call = FastCall(_store_rows)
 
 def row_store(exprs) -> RowStore:
     """The ExprSet's row store (made on first use; callers hold ``exprs.lock``)."""
