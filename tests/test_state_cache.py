@@ -250,3 +250,46 @@ def test_walk_states_of_long_counters_give_the_exact_masks(llama3, monkeypatch):
         assert a.accept_token(t) and b.accept_token(t)
     assert np.array_equal(_mask(a), _mask(b))
     assert True in shared, "no state was capped: the test did not exercise walk states"
+
+
+def test_nested_entries_are_appended_and_read_back_across_growth():
+    """``append_nested`` writes an entry after the used part of the store and its key last, or
+    writes nothing when an array is short; ``_grown_store`` then publishes grown copies (the old
+    entries kept) and the append goes through. Every entry reads back as written."""
+    import numpy as np
+
+    from grammask.grammar.kstruct import kstruct
+    from grammask.grammar.mask import NestedStore, _nested_slot
+    from grammask.grammar.state_cache import StateMaskCache, append_nested
+
+    S = kstruct(NestedStore(np.full(4, -1, np.int64), np.zeros(4, np.int32), np.zeros(3, np.int64),
+                            np.zeros(2, np.int32), np.zeros(3, np.int64), np.zeros(2, np.int32),
+                            np.zeros(2, np.int32), np.zeros(3, np.int64), np.zeros(2, np.int32)))
+    n = np.zeros(4, np.int64)
+    rng = np.random.default_rng(0)
+    written = []
+    for k in range(40):
+        nt, ng = int(rng.integers(0, 5)), int(rng.integers(0, 4))
+        toks = rng.integers(0, 1000, nt).astype(np.int32)
+        gs = rng.integers(0, 50, ng).astype(np.int32)
+        gb = rng.integers(0, 256, ng).astype(np.int32)
+        sizes = rng.integers(0, 3, ng)
+        go = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        nodes = rng.integers(0, 10_000, int(go[-1])).astype(np.int32)
+        t, i = 7 + k, 1000 + 3 * k
+        before = n.copy()
+        if not append_nested(S, n, t, i, toks, gs, gb, go, nodes):
+            assert (n == before).all() and S.keys[_nested_slot(S.keys, t, i)] == -1   # nothing written
+            S = StateMaskCache._grown_store(S, n, nt, ng, int(go[-1]))
+            assert append_nested(S, n, t, i, toks, gs, gb, go, nodes)
+        written.append((t, i, toks, gs, gb, go, nodes))
+    assert n[0] == 40
+    for e, (t, i, toks, gs, gb, go, nodes) in enumerate(written):
+        slot = _nested_slot(S.keys, t, i)
+        assert S.keys[slot] == (t << 32 | i) and S.vals[slot] == e
+        assert (S.toks[S.e_tok_off[e]:S.e_tok_off[e + 1]] == toks).all()
+        g0, g1 = S.e_grp_off[e], S.e_grp_off[e + 1]
+        assert (S.grp_state[g0:g1] == gs).all() and (S.grp_byte[g0:g1] == gb).all()
+        for j in range(g1 - g0):
+            got = S.nodes[S.grp_node_off[g0 + j]:S.grp_node_off[g0 + j + 1]]
+            assert (got == nodes[go[j]:go[j + 1]]).all()

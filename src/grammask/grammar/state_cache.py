@@ -192,8 +192,47 @@ def _nested_insert(keys, vals, t, i, e):
     keys[slot] = (np.int64(t) << 32) | np.int64(i)
 
 
+@njit(nogil=True, cache=True)
+def append_nested(S, n, t, i, toks, gs, gb, go, nodes):
+    """Write a nested entry (:func:`build_nested`'s arrays) for key ``(t, i)`` after the ``n =
+    [entries, tokens, groups, nodes]`` used in store ``S``, its key last (a kernel reading the
+    table concurrently sees the key only with the whole entry), and count it in ``n``. False,
+    with nothing written, when an array of ``S`` is too short (see
+    :meth:`StateMaskCache._grown_store`)."""
+    ne, nt, ng, nn = n[0], n[1], n[2], n[3]
+    nt2 = nt + toks.shape[0]
+    ng2 = ng + gs.shape[0]
+    nn2 = nn + nodes.shape[0]
+    if (2 * (ne + 1) > S.keys.shape[0] or ne + 2 > S.e_tok_off.shape[0] or ne + 2 > S.e_grp_off.shape[0]
+            or nt2 > S.toks.shape[0] or ng2 > S.grp_state.shape[0] or ng2 > S.grp_byte.shape[0]
+            or ng2 + 1 > S.grp_node_off.shape[0] or nn2 > S.nodes.shape[0]):
+        return False
+    S.toks[nt:nt2] = toks
+    S.grp_state[ng:ng2] = gs
+    S.grp_byte[ng:ng2] = gb
+    S.grp_node_off[ng] = nn
+    for j in range(1, go.shape[0]):
+        S.grp_node_off[ng + j] = go[j] + nn
+    S.nodes[nn:nn2] = nodes
+    S.e_tok_off[ne + 1] = nt2
+    S.e_grp_off[ne + 1] = ng2
+    _nested_insert(S.keys, S.vals, t, i, ne)
+    n[0] = ne + 1
+    n[1] = nt2
+    n[2] = ng2
+    n[3] = nn2
+    return True
+
+
+@njit(nogil=True, cache=True)
+def nested_has(keys, t, i):
+    return keys[_nested_slot(keys, t, i)] != -1
+
+
 _build_entry = FastCall(build_entry)
 _build_nested = FastCall(build_nested)
+_append_nested = FastCall(append_nested)
+_nested_has = FastCall(nested_has)
 
 
 class StateMaskCache:
@@ -218,7 +257,7 @@ class StateMaskCache:
         self.store = kstruct(NestedStore(np.full(64, -1, np.int64), np.zeros(64, np.int32), np.zeros(65, np.int64),
                                          np.zeros(256, np.int32), np.zeros(65, np.int64), np.zeros(256, np.int32),
                                          np.zeros(256, np.int32), np.zeros(257, np.int64), np.zeros(256, np.int32)))
-        self._n = [0, 0, 0, 0]   # entries, tokens, groups, nodes used in the store
+        self._n = np.zeros(4, np.int64)   # entries, tokens, groups, nodes used in the store
         self._asked: dict[int, int] = {}
         self.n_nested = 0
 
@@ -269,49 +308,47 @@ class StateMaskCache:
         F = self.forest.arrays
         with self._lock:
             S = self.store
-            if S.keys[_nested_slot(S.keys, t, i)] != -1:
+            if _nested_has(S.keys, t, i):
                 return
             st, toks, gs, gb, go, nodes = _build_nested(F, t, i, L.trans, L.state_acc, *self._scratch_arrays(F))
             if st != OK:
                 return
-            ne, nt, ng, nn = self._n
-            nt2, ng2, nn2 = nt + toks.shape[0], ng + gs.shape[0], nn + nodes.shape[0]
-            keys, vals = S.keys, S.vals
-            new = {}
-            if 2 * (ne + 1) > keys.shape[0]:
-                keys = np.full(2 * keys.shape[0], -1, np.int64)
-                vals = np.zeros(keys.shape[0], np.int32)
-                old = S.keys
-                for slot in np.flatnonzero(old != -1).tolist():
-                    k = int(old[slot])
-                    _nested_insert(keys, vals, k >> 32, k & 0xFFFFFFFF, int(S.vals[slot]))
-                new.update(keys=keys, vals=vals)
-            for name, need, used in (("e_tok_off", ne + 2, ne + 1), ("e_grp_off", ne + 2, ne + 1),
-                                     ("toks", nt2, nt), ("grp_state", ng2, ng), ("grp_byte", ng2, ng),
-                                     ("grp_node_off", ng2 + 1, ng + 1), ("nodes", nn2, nn)):
-                a = getattr(S, name)
-                if need > a.shape[0]:
-                    new[name] = grown(a, need, used)
-            if new and "keys" not in new:
-                # the new entry's key must appear only in a table published with its arrays: a
-                # kernel still holding the old arrays would read past them
-                new.update(keys=keys.copy(), vals=vals.copy())
-            if new:
-                S = S._replace(**new)
-            S.toks[nt:nt2] = toks
-            S.grp_state[ng:ng2] = gs
-            S.grp_byte[ng:ng2] = gb
-            S.grp_node_off[ng + 1:ng2 + 1] = go[1:] + nn
-            S.grp_node_off[ng] = nn
-            S.nodes[nn:nn2] = nodes
-            S.e_tok_off[ne + 1] = nt2
-            S.e_grp_off[ne + 1] = ng2
-            self.store = S   # the new arrays (if any) before the key that makes the entry visible
-            _nested_insert(S.keys, S.vals, t, i, ne)
-            self._n = [ne + 1, nt2, ng2, nn2]
+            n = self._n
+            if not _append_nested(S, n, t, i, toks, gs, gb, go, nodes):
+                # an array is short: publish grown copies, then write (the new entry's key must
+                # appear only in a table published with its arrays: a kernel still holding the
+                # old arrays would read past them)
+                self.store = S = self._grown_store(S, n, toks.shape[0], gs.shape[0], nodes.shape[0])
+                assert _append_nested(S, n, t, i, toks, gs, gb, go, nodes)
             self.nbytes += (toks.nbytes + gs.nbytes + gb.nbytes + go.nbytes + nodes.nbytes
                             + NESTED_ENTRY_BYTES)
             self.n_nested += 1
+
+    @staticmethod
+    def _grown_store(S, n, n_toks: int, n_grps: int, n_nodes: int):
+        """``S`` with every array too short for one more entry of that size grown (the key table
+        doubled and rehashed when half full); the others shared."""
+        ne, nt, ng, nn = (int(x) for x in n)
+        nt2, ng2, nn2 = nt + n_toks, ng + n_grps, nn + n_nodes
+        keys, vals = S.keys, S.vals
+        new = {}
+        if 2 * (ne + 1) > keys.shape[0]:
+            keys = np.full(2 * keys.shape[0], -1, np.int64)
+            vals = np.zeros(keys.shape[0], np.int32)
+            old = S.keys
+            for slot in np.flatnonzero(old != -1).tolist():
+                k = int(old[slot])
+                _nested_insert(keys, vals, k >> 32, k & 0xFFFFFFFF, int(S.vals[slot]))
+            new.update(keys=keys, vals=vals)
+        for name, need, used in (("e_tok_off", ne + 2, ne + 1), ("e_grp_off", ne + 2, ne + 1),
+                                 ("toks", nt2, nt), ("grp_state", ng2, ng), ("grp_byte", ng2, ng),
+                                 ("grp_node_off", ng2 + 1, ng + 1), ("nodes", nn2, nn)):
+            a = getattr(S, name)
+            if need > a.shape[0]:
+                new[name] = grown(a, need, used)
+        if "keys" not in new:
+            new.update(keys=keys.copy(), vals=vals.copy())
+        return S._replace(**new)
 
     def _build(self, s: int, flags: np.ndarray):
         lexer = self._lexer()
