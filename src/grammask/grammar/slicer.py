@@ -268,22 +268,28 @@ class SliceChecker:
                 # out of time rarely has cheap ones after it, and the mask waits for all of them
                 deadline = time.monotonic() + STATE_PROOF_SECONDS
                 flags = np.zeros(len(self.exprs), np.int32)
+                lexer = self.lexer
+                ex = lexer.exprs
+                # the union of the state's expressions: the same for every slice
+                u = ex.alt(*[x for _, x in lexer.state_members(s)])
+                combo = 0
                 for k, e in enumerate(self.exprs):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    flags[k] = self._contained(s, e, left)
-            f = (flags, int(sum(int(x) << k for k, x in enumerate(flags))))
+                    if self._contained(ex, u, e, left):
+                        flags[k] = 1
+                        combo |= 1 << k
+            f = (flags, combo)
             self._cache[s] = f
         return f
 
-    def _contained(self, s0: int, e: int, max_seconds: float) -> bool:
-        """Every string of slice ``e`` keeps lexer state ``s0`` alive: the same as every string
-        of ``e`` being a prefix of the union of the state's expressions (cached in the ExprSet,
-        so shared by every grammar compiled into it). Counters the slice cannot reach are capped
-        first (see the module docstring)."""
-        ex = self.lexer.exprs
-        u = ex.alt(*[x for _, x in self.lexer.state_members(s0)])
+    @staticmethod
+    def _contained(ex: ExprSet, u: int, e: int, max_seconds: float) -> bool:
+        """Every string of slice ``e`` keeps a lexer state alive: the same as every string of
+        ``e`` being a prefix of ``u``, the union of the state's expressions (cached in the
+        ExprSet, so shared by every grammar compiled into it). Counters the slice cannot reach
+        are capped first (see the module docstring)."""
         n = max_length(ex, e)
         if n != INF:
             u = capped(ex, u, n)
