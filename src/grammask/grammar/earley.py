@@ -31,8 +31,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .lexer import lexeme_set_hash, lookup_start
 from .kstruct import kstruct
+from .lexer import lexeme_set_hash, lookup_start
 
 OK, REJECT, MISSING, GROW_ITEMS, GROW_ROWS, GROW_HASH = 0, 1, 2, 3, 4, 5
 

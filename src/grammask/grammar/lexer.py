@@ -41,9 +41,9 @@ from numba import njit
 
 from ..errors import GrammarTooComplexError
 from . import lexdfa, rowstore
+from .kstruct import kstruct
 from .lexdfa import FastCall, eager_expand, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
-from .kstruct import kstruct
 from .regexset import ExprSet, pack_ids
 
 DEAD = -1

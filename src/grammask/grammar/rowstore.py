@@ -144,6 +144,7 @@ def _store_rows(a, es, counts, masks, tgt, nullable, used):
 
 _store_rows_call = FastCall(_store_rows)
 
+
 def row_store(exprs) -> RowStore:
     """The ExprSet's row store (made on first use; callers hold ``exprs.lock``)."""
     s = exprs.__dict__.get("_row_store")

@@ -31,8 +31,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .regex import parse_regex
 from .kstruct import kstruct
+from .regex import parse_regex
 from .reach import TokenReach, begun_within
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet
 from .toktrie import TokTrie

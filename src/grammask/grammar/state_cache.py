@@ -39,9 +39,9 @@ import numpy as np
 from numba import njit
 
 from .earley import MISSING, OK
+from .kstruct import kstruct
 from .lexdfa import grown
 from .mask import FastCall, NestedStore, StateCache, _nested_slot
-from .kstruct import kstruct
 
 #: a state is cached on this visit (the first visit of most states is also their last)
 BUILD_AFTER = 2
@@ -319,7 +319,8 @@ class StateMaskCache:
                 # appear only in a table published with its arrays: a kernel still holding the
                 # old arrays would read past them)
                 self.store = S = self._grown_store(S, n, toks.shape[0], gs.shape[0], nodes.shape[0])
-                assert _append_nested(S, n, t, i, toks, gs, gb, go, nodes)
+                if not _append_nested(S, n, t, i, toks, gs, gb, go, nodes):   # pragma: no cover
+                    raise AssertionError("a grown nested store has no room for the entry")
             self.nbytes += (toks.nbytes + gs.nbytes + gb.nbytes + go.nbytes + nodes.nbytes
                             + NESTED_ENTRY_BYTES)
             self.n_nested += 1

@@ -42,10 +42,6 @@ def _byte_runs(m: int) -> list[tuple[int, int]]:
 class Strings:
     """JSON string encodings of decoded-string languages."""
 
-    @property
-    def ex(self) -> ExprSet:
-        return self._ex()
-
     def __init__(self, ex: ExprSet, lx: JsonLexemes):
         from ..regex import any_utf8_char, any_utf8_string, char_class_expr
 
@@ -77,6 +73,11 @@ class Strings:
         self._lit_chars: dict[tuple, int] = {}
         self.body_restricted = None
         self.body_restricted = self.enc(self.any_dec)
+
+    @property
+    def ex(self) -> ExprSet:
+        """The ExprSet (alive as long as this object is reachable: only through its tables)."""
+        return self._ex()
 
     def _hex_ci(self, text: str) -> int:
         ex = self.ex
