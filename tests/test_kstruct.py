@@ -96,3 +96,22 @@ def test_the_matchers_kernels_take_records():
         assert any(isinstance(x, KStructType) for s in fn.signatures for x in s), fn
         for s in fn.signatures:
             assert not any(type(x).__name__.startswith("Named") for x in s), s
+
+
+def test_a_dropped_record_frees_its_arrays_without_the_cyclic_collector():
+    import gc
+    import weakref
+
+    t = _rec()
+    refs = [weakref.ref(a) for a in t]
+    r = kstruct(t)
+    del t
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        assert _sum_and_write(r, 0) == 11 and all(x() is not None for x in refs)
+        del r
+        assert all(x() is None for x in refs)
+    finally:
+        if was:
+            gc.enable()
