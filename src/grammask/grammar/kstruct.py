@@ -2,8 +2,9 @@
 
 The kernels take their arrays grouped in named tuples (the forest's ``F``, the grammar's ``G``,
 the lexer's ``L``, a parse stack's ``P``, ...). Numba unboxes a named tuple field by field on
-every call from Python, ~25-40 ns an array: the mask kernel's 60 arrays cost ~2 µs a call, a
-sixth of a warm mask. A :class:`KStruct` holds the same arrays in one Numba ``StructRef`` (one
+every call from Python: with the mask kernel's ~60 arrays that took half of a warm mask (a warm
+JSON-schema mask went from 11.5 to 5.9 µs once they were records, a commit from 4.0 to 2.5 µs;
+docs/mask.md). A :class:`KStruct` holds the same arrays in one Numba ``StructRef`` (one
 pointer to unbox) and reads like the named tuple it was made from, in kernels and in Python:
 ``F.node_byte`` in both; iteration, ``_replace`` and ``_asdict`` in Python.
 
