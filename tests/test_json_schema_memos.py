@@ -8,7 +8,6 @@ import pytest
 import grammask.grammar.json_schema.generate as generate
 import grammask.grammar.json_schema.state as state
 import grammask.grammar.json_schema.to_ir as to_ir
-import grammask.grammar.regexset as regexset
 from grammask.grammar.cfg import lower
 from grammask.grammar.json_schema import json_schema_grammar
 from grammask.grammar.regexset import ExprSet
@@ -48,7 +47,6 @@ def _forgetful(memo, key, value) -> None:
 def test_shared_token_memos_are_bounded_and_change_no_grammar(cap, monkeypatch):
     monkeypatch.setattr(generate, "remember", _forgetful)
     monkeypatch.setattr(to_ir, "remember", _forgetful)
-    monkeypatch.setattr(regexset, "MAX_CHAIN_MEMO", 1)
     want, ex0 = _compile_all()
     monkeypatch.undo()
     monkeypatch.setattr(state, "MAX_SHARED_TOKENS", cap)

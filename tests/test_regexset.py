@@ -114,12 +114,14 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
     for w in words:
         ex.min_length(w)
         ex.may_be_infinite(w)
+        for m, t in ex.transitions(w):
+            ex.byte_classes(t)   # what the emptiness checks of intersections read
     assert len(ex._trans) > 10 and len(ex._fm) > 10 and len(ex.__dict__["_lexer_moves"]) > 1
     for _ in range(5):
         gc.collect()
-    ex.concat(ex.literal("abc"), ex.literal("d"))   # a re-nested concatenation: memoised
-    assert ex._chain_memo
-    for name in ("kind", "_nullable", "_has_bool", "_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo", "_chain_memo",
+    ex.deriv(words[0], ord("a"))   # a derivative asked for from Python: memoised here too
+    assert ex._deriv
+    for name in ("kind", "_nullable", "_has_bool", "_bytes_ids", "_deriv", "_classes", "_alive", "_fm", "_counted_memo",
                  "_partition_cache", "_trans", "_lexer_moves"):
         table = getattr(ex, name) if hasattr(ex, name) else ex.__dict__[name]
         assert not gc.is_tracked(table), (name, [(k, v) for k, v in table.items() if gc.is_tracked(k) or gc.is_tracked(v)][:3] if isinstance(table, dict) else None)
@@ -132,40 +134,133 @@ def test_memo_tables_are_not_tracked_by_the_garbage_collector():
     assert all(type(a).__name__ == "ndarray" and not gc.is_tracked(a) for a in row_store(ex).arrays)
 
 
-@pytest.mark.parametrize("cap", [1, 3, 1 << 15])
-def test_chain_memo_is_bounded_and_changes_no_expression(cap, monkeypatch):
-    """Re-nested concatenations are memoised in a table that starts over at MAX_CHAIN_MEMO
-    entries; with any bound the same expressions get the same ids as without the memo."""
+def _bounded_language(ex: ExprSet, e: int, sigma: bytes, n: int, memo: dict) -> frozenset:
+    """The words of ``e`` over ``sigma`` of at most ``n`` bytes, from the node's meaning alone
+    (sets of words, not derivatives): exact for every kind, complement included, since a word
+    of at most ``n`` bytes only ever splits into shorter ones."""
+    from itertools import product
+
+    from grammask.grammar.regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR
+
+    if e in memo:
+        return memo[e]
+    k = ex.kind[e]
+    universe = frozenset(bytes(t) for m in range(n + 1) for t in product(sigma, repeat=m))
+    if k == EMPTY:
+        r = frozenset()
+    elif k == EPS:
+        r = frozenset([b""])
+    elif k == BYTES:
+        r = frozenset(bytes([c]) for c in sigma if ex.args[e][0] >> c & 1)
+    elif k == CONCAT:
+        x, y = (_bounded_language(ex, a, sigma, n, memo) for a in ex.args[e])
+        r = frozenset(u + v for u in x for v in y if len(u) + len(v) <= n)
+    elif k == OR:
+        r = frozenset().union(*(_bounded_language(ex, a, sigma, n, memo) for a in ex.args[e]))
+    elif k == AND:
+        r = universe
+        for a in ex.args[e]:
+            r = r & _bounded_language(ex, a, sigma, n, memo)
+    elif k == NOT:
+        r = universe - _bounded_language(ex, ex.args[e][0], sigma, n, memo)
+    else:
+        body, lo, hi = ex.args[e]
+        x = _bounded_language(ex, body, sigma, n, memo)
+        layer, r = frozenset([b""]), frozenset([b""]) if lo == 0 else frozenset()
+        for count in range(1, n + lo + 1):
+            if hi != INF and count > hi:
+                break
+            layer = frozenset(u + v for u in layer for v in x if len(u) + len(v) <= n)
+            if count >= lo:
+                r = r | layer
+    memo[e] = r
+    return r
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_compiled_store_matches_the_languages_of_its_nodes(seed):
+    """Random expressions over ``abc`` built with every constructor (unions, intersections,
+    complements, counted repeats, concatenations re-nested): membership by the compiled
+    derivatives (``matches``) agrees with the languages computed from the nodes' meaning, for
+    every word of up to 4 bytes; each node is hash-consed (made twice, one id); the transitions
+    of a node agree with its derivative by every byte; concatenations stay right-nested."""
     import random
+    from itertools import product
 
-    import grammask.grammar.regexset as rs
+    from grammask.grammar.regexset import CONCAT
 
-    def build(ex: ExprSet) -> list[int]:
-        rng = random.Random(7)
-        made = [ex.literal(w) for w in ("key", '"', ":", "ab", "x")]
-        for _ in range(400):
-            parts = [rng.choice(made) for _ in range(rng.randint(1, 4))]
-            e = ex.concat(*parts) if rng.random() < 0.8 else ex.alt(*parts)
-            made.append(e)
-            if len(made) > 60:
-                made.pop(rng.randrange(5, len(made)))
-        return made
-
-    plain = ExprSet()
-    plain._chain_memo = _NoMemo()
-    want = build(plain)
-    monkeypatch.setattr(rs, "MAX_CHAIN_MEMO", cap)
+    rng = random.Random(seed)
+    sigma, n = b"abc", 4
     ex = ExprSet()
-    assert build(ex) == want
-    assert ex.args == plain.args and bytes(ex.kind) == bytes(plain.kind)
-    assert 0 < len(ex._chain_memo) <= cap
+    pool = [ex.literal(w) for w in ("a", "b", "ab", "ca")] + [ex.byteset(0b110 << 97)]
+    for _ in range(70):
+        op = rng.randrange(6)
+        xs = [rng.choice(pool) for _ in range(rng.randint(1, 3))]
+        if op == 0:
+            e = ex.concat(*xs)
+        elif op == 1:
+            e = ex.alt(*xs)
+        elif op == 2:
+            e = ex.intersect(*xs)
+        elif op == 3:
+            e = ex.complement(xs[0])
+        elif op == 4:
+            lo = rng.randint(0, 2)
+            e = ex.repeat(xs[0], lo, rng.choice([None, lo, lo + 1, lo + 3]))
+        else:
+            e = ex.intersect(ex.alt(*xs), ex.repeat(ex.any_byte(), 0, rng.randint(0, 3)))
+        pool.append(e)
+    memo: dict = {}
+    words = [bytes(t) for m in range(n + 1) for t in product(sigma, repeat=m)]
+    for e in pool[-40:]:
+        lang = _bounded_language(ex, e, sigma, n, memo)
+        assert {w for w in words if ex.matches(e, w)} == lang, ex.to_str(e)
+        tr = ex.transitions(e)
+        for c in range(256):
+            moves = [t for m, t in tr if m >> c & 1]
+            d = ex.deriv(e, c)
+            assert moves == ([d] if ex.alive(d) else []), (ex.to_str(e), c)
+    for e in range(len(ex)):
+        if ex.kind[e] == CONCAT:
+            assert ex.kind[ex.args[e][0]] != CONCAT
+            a, b = ex.args[e]
+            assert ex.concat(a, b) == e
+    assert ex.concat(ex.concat(pool[0], pool[2]), pool[3]) == ex.concat(pool[0], ex.concat(pool[2], pool[3]))
 
 
-class _NoMemo(dict):
-    """A memo that never remembers."""
+def test_compiled_store_grows_and_keeps_its_ids():
+    """The store starts small and grows (nodes, children, byte masks, the hash table and the
+    derivative memo, each past its first size): every expression made again gets the id it had,
+    every derivative is found again, and the Python mirrors match the store."""
+    import numpy as np
 
-    def __setitem__(self, key, value):
-        pass
+    from grammask.grammar import nodestore as ns
+
+    ex = ExprSet()
+    first = ex._S.kind.shape[0], ex._S.htab.shape[0], ex._S.dkey.shape[0], ex._S.pool.shape[0], ex._S.bm.shape[0]
+    words = [f"w{i}-{i * 7919 % 1000}".encode() for i in range(3000)]
+    ids = [ex.literal(w) for w in words]
+    sets = [ex.byteset((i * 2654435761) & ((1 << 256) - 1) | 1 << 200) for i in range(600)]
+    unions = [ex.alt(*ids[i:i + 5]) for i in range(0, 3000, 5)]
+    derivs = [ex.deriv(u, ord("w")) for u in unions] + [ex.deriv(i, ord("w")) for i in ids]
+    derivs += [ex.deriv(d, c) for d in derivs for c in b"0123"]
+    S = ex._S
+    now = S.kind.shape[0], S.htab.shape[0], S.dkey.shape[0], S.pool.shape[0], S.bm.shape[0]
+    assert all(b > a for a, b in zip(first, now)), (first, now)
+    big = [ex.literal(f"z{i}") for i in range(9000)]   # one node with more children than the pool held
+    assert ex.args[ex.alt(*big)] == tuple(sorted(big))
+    assert [ex.literal(w) for w in words] == ids
+    assert [ex.byteset((i * 2654435761) & ((1 << 256) - 1) | 1 << 200) for i in range(600)] == sets
+    assert [ex.alt(*ids[i:i + 5]) for i in range(0, 3000, 5)] == unions
+    ex._deriv.clear()   # asked again from the store's memo
+    again = [ex.deriv(u, ord("w")) for u in unions] + [ex.deriv(i, ord("w")) for i in ids]
+    assert again + [ex.deriv(d, c) for d in again for c in b"0123"] == derivs
+    assert all(ex.matches(u, words[5 * j]) for j, u in enumerate(unions))
+    S = ex._S   # the store's record now (each growth makes a new one)
+    n = int(S.cnt[ns.C_NODES])
+    assert n == len(ex) == len(ex.args)
+    assert bytes(ex.kind) == S.kind[:n].tobytes() and bytes(ex._nullable) == S.nul[:n].tobytes()
+    assert np.array_equal(np.frombuffer(bytes(ex._has_bool), np.uint8), S.hb[:n])
 
 
 class _Unrolled(ExprSet):

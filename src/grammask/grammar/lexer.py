@@ -176,14 +176,14 @@ class _Counting:
 
     def __enter__(self):
         ex = self.ex
-        self.n0 = (len(ex), len(ex._deriv), len(self.lx._moves_cache), self.store.added)
+        self.n0 = (len(ex), ex.n_derivs, len(self.lx._moves_cache), self.store.added)
         return self
 
     def __exit__(self, *exc):
         lx, ex = self.lx, self.ex
         n0, d0, m0, p0 = self.n0
         lx.grown_nodes += max(0, len(ex) - n0)
-        lx.grown_derivs += max(0, len(ex._deriv) - d0)
+        lx.grown_derivs += max(0, ex.n_derivs - d0)
         lx.grown_moves += max(0, len(lx._moves_cache) - m0)
         lx.grown_packed += max(0, self.store.added - p0)
         return False

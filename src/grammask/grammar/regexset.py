@@ -26,17 +26,22 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+import numpy as np
+
 from ..errors import GrammarTooComplexError
+from . import nodestore as ns
+from .kstruct import kstruct
+from .lexdfa import FastCall
 from .membound import DERIV_BATCH, NODE_BATCH, current
 
-EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
+EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)   # as in nodestore.py
 KIND_NAMES = ("EMPTY", "EPS", "BYTES", "CONCAT", "OR", "AND", "NOT", "REPEAT")
 ALL_BYTES = (1 << 256) - 1
 INF = -1
 #: entries of the slice-containment table before it starts over
 MAX_PREFIX_CACHE = 2_000_000
-#: entries of the memo of re-nested concatenations (see ExprSet._concat2) before it starts over
-MAX_CHAIN_MEMO = 1 << 15
+#: repetition counts from this on are refused (the compiled store keeps them in int64)
+MAX_COUNT = 1 << 62
 #: entries of ExprSet.counted_need_bound's memo before it starts over
 MAX_NEED_MEMO = 200_000
 MOST_UNBOUNDED = 1 << 62   # _counted_most: words with any number of factors
@@ -50,20 +55,19 @@ def _lowbit(mask: int) -> int:
     return (mask & -mask).bit_length() - 1
 
 
-def _node_key(kind: int, args: tuple) -> int:
-    """An int naming ``(kind, args)`` one to one (node ids are below 2**32 and repeat counts
-    below 2**64). Ints, unlike tuples, never make the dict holding them a container the garbage
-    collector must walk."""
-    if kind == CONCAT:
-        return ((args[0] << 32 | args[1]) << 3) | CONCAT
-    if kind == OR or kind == AND:
-        return pack_ids(args) << 3 | kind
-    if kind == REPEAT:
-        x, lo, hi = args
-        return ((((hi + 1) << 64 | lo) << 32 | x) << 3) | REPEAT
-    if kind == NOT or kind == BYTES:
-        return args[0] << 3 | kind
-    return kind   # EMPTY, EPS
+_py_mk3 = FastCall(ns.py_mk3)
+_py_bytes = FastCall(ns.py_bytes)
+_py_alt = FastCall(ns.py_alt)
+_py_intersect = FastCall(ns.py_intersect)
+_py_concat2 = FastCall(ns.py_concat2)
+_py_concat = FastCall(ns.py_concat)
+_py_alive = FastCall(ns.py_alive)
+_py_complement = FastCall(ns.py_complement)
+_py_repeat = FastCall(ns.py_repeat)
+_py_deriv = FastCall(ns.py_deriv)
+_py_literal = FastCall(ns.py_literal)
+_py_transitions = FastCall(ns.py_transitions)
+_rehash = ns.rehash
 
 
 def pack_ids(xs) -> int:
@@ -95,18 +99,24 @@ class ExprSet:
     def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000):
         if not 0 < max_nodes < 1 << 32:
             raise ValueError("max_nodes must be below 2**32 (node ids are packed into keys)")
-        # Everything memoised here is kept out of the cyclic garbage collector's way: flags in
-        # bytearrays, keys packed into ints (see _node_key), results as tuples of ints (which the
-        # collector stops tracking) rather than lists or frozensets. A long-lived set holds
-        # millions of entries; a dict with tuple keys is tracked again by every insertion of a
-        # fresh key, and each full collection then walks all its keys (up to a second on a big
-        # heap: a pause that lands on whatever mask is being computed).
+        # The nodes live in a compiled store (nodestore.py: hash-consing, construction and
+        # derivatives in Numba); ``kind``, ``args`` and the flags are Python mirrors of it, for
+        # the structural reasoning done here, brought up to date after every call into it
+        # (:meth:`_sync`). Everything memoised here is kept out of the cyclic garbage
+        # collector's way: flags in bytearrays, keys packed into ints, results as tuples of ints
+        # (which the collector stops tracking) rather than lists or frozensets. A long-lived set
+        # holds millions of entries; a dict with tuple keys is tracked again by every insertion
+        # of a fresh key, and each full collection then walks all its keys (up to a second on a
+        # big heap: a pause that lands on whatever mask is being computed).
+        self._S = kstruct(ns.new_arrays(max_nodes))
         self.kind = bytearray()
         self.args: list[tuple] = []
         self._nullable = bytearray()
         self._has_bool = bytearray()  # contains AND or NOT: emptiness needs exploration
-        self._ids: dict[int, int] = {}      # _node_key(kind, args) -> node
-        self._deriv: dict[int, int] = {}    # e << 8 | byte -> derivative
+        self._derivs_seen = 0               # the store's derivative count at the last charge
+        self._mv = (None,) * 10             # memoryviews of the store's arrays (see _views)
+        self._deriv: dict[int, int] = {}    # e << 8 | byte -> derivative (asked for from Python)
+        self._bytes_ids: dict[int, int] = {}   # byte mask -> its byte set
         self._classes: dict[int, tuple[int, ...]] = {}
         self._alive: dict[int, bool] = {}
         self._minlen: dict[int, float] = {}
@@ -130,66 +140,145 @@ class ExprSet:
         # (x << 32 | s) << 32 | r -> the most factors of r any word of x & s r* begins
         # (MOST_UNBOUNDED: no bound), -1 where it has no word (see _counted_most)
         self._most_memo: dict[int, int] = {}
-        # a << 32 | b -> concat(a, b) for a concatenation a: re-nesting walks all of a, and the
-        # same pairs come back (object keys with their quotes and colon, quoted string literals)
-        self._chain_memo: dict[int, int] = {}
         self._byte_ids = [EMPTY] * 256   # byte -> its one-byte set (EMPTY: not made yet)
-        assert self._mk(EMPTY, ()) == 0 and self._mk(EPS, ()) == 1
+        assert self._call(_py_mk3, EMPTY, 0, 0, 0) == 0 and self._call(_py_mk3, EPS, 0, 0, 0) == 1
+
+    # ------------------------------------------------------------------ the compiled store
+    def _call(self, fn, *args) -> int:
+        """``fn(store, *args)`` (a kernel of :mod:`.nodestore`): its result, once the store has
+        grown and the call was made again if it ran out of room, and the mirrors are up to
+        date."""
+        r = fn(self._S, *args)
+        if 0 <= r < ns.NEW_NODES:
+            return r
+        return self._after(r, fn, args)
+
+    def _after(self, r: int, fn, args) -> int:
+        while r < 0:
+            cnt = self._S.cnt
+            st = cnt[ns.C_STATUS]
+            cnt[ns.C_STATUS] = ns.DONE
+            if st == ns.TOO_MANY:
+                self._sync()
+                raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
+            self._grow()
+            r = fn(self._S, *args)
+        if r & ns.GROW_SOON:
+            self._grow()
+        if r & ns.NEW_NODES:
+            self._sync()
+        return r & (ns.NEW_NODES - 1)
+
+    def _grow(self) -> None:
+        """A new store record where an array is half full (tables rehashed)."""
+        S = self._S
+        cnt = S.cnt
+        cnt[ns.C_GROW] = 0
+        n = int(cnt[ns.C_NODES])
+        new = {}
+
+        def more(name, used, need=0):
+            x = getattr(S, name)
+            if 2 * (used + need + 1) > x.shape[0]:
+                size = x.shape[0]
+                while 2 * (used + need + 1) > size:
+                    size *= 2
+                y = np.zeros((size,) + x.shape[1:], x.dtype)
+                y[:used] = x[:used]
+                new[name] = y
+
+        for name in ("kind", "a", "b", "c", "nul", "hb", "liv"):
+            more(name, n)
+        more("pool", int(cnt[ns.C_POOL]), int(cnt[ns.C_POOL_NEED]))
+        cnt[ns.C_POOL_NEED] = 0
+        more("bm", int(cnt[ns.C_BM]))
+        hfull = 2 * (int(cnt[ns.C_HT]) + 1) > S.htab.shape[0]
+        dfull = 2 * (int(cnt[ns.C_DM]) + 1) > S.dkey.shape[0]
+        if hfull or dfull:
+            hsize = S.htab.shape[0] * (2 if hfull else 1)
+            dsize = S.dkey.shape[0] * (2 if dfull else 1)
+            new["htab"] = np.zeros(hsize, np.int64)
+            new["dkey"] = np.zeros(dsize, np.int64)
+            new["dval"] = np.zeros(dsize, np.int64)
+            _rehash(S, new["htab"], new["dkey"], new["dval"])
+        if new:
+            self._S = kstruct(S._tuple._replace(**new))
+
+    def _views(self):
+        """Memoryviews of the store's arrays (Python reads an int from one without numpy's
+        scalar boxing: a sync adds one or two nodes at a time)."""
+        S = self._S
+        v = self._mv = (memoryview(S.kind), memoryview(S.a), memoryview(S.b), memoryview(S.c),
+                        memoryview(S.nul), memoryview(S.hb), memoryview(S.pool),
+                        memoryview(S.bm.reshape(-1)), memoryview(S.cnt), S)
+        return v
+
+    def _sync(self) -> None:
+        """Add the nodes the store made since the last call to the Python mirrors (and count
+        them, and the derivatives made, against the active compile's memory bound)."""
+        v = self._mv
+        if v[9] is not self._S:
+            v = self._views()
+        mk, ma, mb, mc, mnul, mhb, mpool, mbm, mcnt, _ = v
+        n0 = len(self.kind)
+        n = mcnt[ns.C_NODES]
+        mcnt[ns.C_SYNCED] = n
+        self.kind += mk[n0:n]
+        self._nullable += mnul[n0:n]
+        self._has_bool += mhb[n0:n]
+        args = self.args
+        for i in range(n0, n):
+            k = mk[i]
+            if k == CONCAT:
+                args.append((ma[i], mb[i]))
+            elif k == OR or k == AND:
+                a = ma[i]
+                args.append(tuple(mpool[a:a + mb[i]]))
+            elif k == BYTES:
+                r = 4 * ma[i]
+                args.append((mbm[r] | mbm[r + 1] << 64 | mbm[r + 2] << 128 | mbm[r + 3] << 192,))
+            elif k == REPEAT:
+                args.append((ma[i], mb[i], mc[i]))
+            elif k == NOT:
+                args.append((ma[i],))
+            else:
+                args.append(())
+        # charged once the mirrors are whole (the charge may raise)
+        d = mcnt[ns.C_DERIVS]   # charged with the nodes (a derivative alone adds little)
+        m = current()   # the compile memory bound (membound.py), counted in batches
+        if m is not None:
+            m.nodes += n - n0
+            m.derivs += d - self._derivs_seen
+        self._derivs_seen = d
+        if m is not None and (m.nodes >= NODE_BATCH or m.derivs >= DERIV_BATCH):
+            m.flush()
+
+    @property
+    def n_derivs(self) -> int:
+        """Derivatives made so far (all time; each memoised in the store)."""
+        return int(self._S.cnt[ns.C_DERIVS])
+
+    def _list_call(self, fn, xs) -> int:
+        S = self._S
+        n = len(xs)
+        if n > S.xs.shape[0]:
+            self._S = S = kstruct(S._tuple._replace(xs=np.zeros(2 * n, np.int64)))
+        S.xs[:n] = xs
+        return self._call(fn, n)
 
     # ------------------------------------------------------------------ construction
     def __len__(self) -> int:
         return len(self.kind)
 
-    def _mk(self, kind: int, args: tuple) -> int:
-        key = _node_key(kind, args)
-        i = self._ids.get(key)
-        if i is not None:
-            return i
-        return self._new(kind, args, key)
-
-    def _new(self, kind: int, args: tuple, key: int) -> int:
-        """Add the node ``(kind, args)`` (not in the set yet) under its key."""
-        i = len(self.kind)
-        if i >= self.max_nodes:
-            raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
-        m = current()   # the compile memory bound (membound.py), counted in batches
-        if m is not None:
-            m.nodes += 1
-            if m.nodes >= NODE_BATCH:
-                m.flush()
-        if kind == CONCAT:
-            nul = self._nullable[args[0]] and self._nullable[args[1]]
-            hb = self._has_bool[args[0]] or self._has_bool[args[1]]
-        elif kind == EMPTY or kind == BYTES:
-            nul, hb = False, False
-        elif kind == EPS:
-            nul, hb = True, False
-        elif kind == OR:
-            nul = any(self._nullable[a] for a in args)
-            hb = any(self._has_bool[a] for a in args)
-        elif kind == AND:
-            nul = all(self._nullable[a] for a in args)
-            hb = True
-        elif kind == NOT:
-            nul = not self._nullable[args[0]]
-            hb = True
-        else:  # REPEAT
-            nul = args[1] == 0 or self._nullable[args[0]]
-            hb = self._has_bool[args[0]]
-        self.kind.append(kind)
-        self.args.append(args)
-        self._nullable.append(nul)
-        self._has_bool.append(hb)
-        self._ids[key] = i
-        return i
-
     def byteset(self, mask: int) -> int:
         mask &= ALL_BYTES
         if not mask:
             return EMPTY
-        key = mask << 3 | BYTES
-        i = self._ids.get(key)
-        return i if i is not None else self._new(BYTES, (mask,), key)
+        i = self._bytes_ids.get(mask)
+        if i is None:
+            self._S.tw[0] = np.frombuffer(mask.to_bytes(32, "little"), np.uint64)
+            i = self._bytes_ids[mask] = self._call(_py_bytes)
+        return i
 
     def byte_range(self, lo: int, hi: int) -> int:
         if lo > hi:
@@ -211,26 +300,17 @@ class ExprSet:
     def literal(self, data: bytes | str) -> int:
         if isinstance(data, str):
             data = data.encode("utf-8")
-        ids = self._ids
-        byte_ids = self._byte_ids
-        e = EPS
-        for b in reversed(data):
-            x = byte_ids[b] or self._single_byte(b)
-            if e == EPS:
-                e = x
-                continue
-            key = ((x << 32 | e) << 3) | CONCAT
-            i = ids.get(key)
-            e = i if i is not None else self._new(CONCAT, (x, e), key)
-        return e
+        if len(data) == 1:
+            return self._byte_ids[data[0]] or self._single_byte(data[0])
+        if not data:
+            return EPS
+        return self._call(_py_literal, np.frombuffer(data, np.uint8))
 
     def concat(self, *xs: int) -> int:
-        if not xs:
-            return EPS
-        r = xs[-1]   # concatenating anything with EPS gives it back
-        for i in range(len(xs) - 2, -1, -1):
-            r = self._concat2(xs[i], r)
-        return r
+        n = len(xs)
+        if n <= 2:
+            return EPS if n == 0 else xs[0] if n == 1 else self._concat2(xs[0], xs[1])
+        return self._list_call(_py_concat, xs)
 
     def _concat2(self, a: int, b: int) -> int:
         if a == EMPTY or b == EMPTY:
@@ -239,107 +319,20 @@ class ExprSet:
             return b
         if b == EPS:
             return a
-        kind = self.kind
-        if kind[a] == CONCAT:
-            # keep concatenations right-nested: a = x1 (x2 (... (xn y))) becomes
-            # x1 (x2 (... (xn (y b)))), built from the inside out
-            memo = self._chain_memo
-            pair = a << 32 | b
-            r = memo.get(pair)
-            if r is not None:
-                return r
-            args = self.args
-            xs = []
-            while kind[a] == CONCAT:
-                x, a = args[a]
-                xs.append(x)
-            b = self._concat2(a, b)
-            ids = self._ids
-            for x in reversed(xs):
-                if kind[x] == CONCAT:
-                    b = self._concat2(x, b)
-                    continue
-                key = ((x << 32 | b) << 3) | CONCAT
-                i = ids.get(key)
-                b = i if i is not None else self._new(CONCAT, (x, b), key)
-            if len(memo) >= MAX_CHAIN_MEMO:
-                memo.clear()
-            memo[pair] = b
-            return b
-        key = ((a << 32 | b) << 3) | CONCAT
-        i = self._ids.get(key)
-        return i if i is not None else self._new(CONCAT, (a, b), key)
+        return self._call(_py_concat2, a, b)
 
     def alt(self, *xs: int) -> int:
         if len(xs) == 1 and self.kind[xs[0]] != OR:
             return xs[0]   # a union of one expression (a byte set, EPS, EMPTY included) is itself
-        items: set[int] = set()
-        mask = 0
-        stack = list(xs)
-        while stack:
-            x = stack.pop()
-            k = self.kind[x]
-            if k == EMPTY:
-                continue
-            if k == OR:
-                stack.extend(self.args[x])
-            elif k == BYTES:
-                mask |= self.args[x][0]
-            else:
-                items.add(x)
-        if mask:
-            items.add(self.byteset(mask))
-        if EPS in items and any(self._nullable[i] for i in items if i != EPS):
-            items.discard(EPS)
-        if not items:
-            return EMPTY
-        if len(items) == 1:
-            return next(iter(items))
-        return self._mk(OR, tuple(sorted(items)))
+        return self._list_call(_py_alt, xs)
 
     def intersect(self, *xs: int) -> int:
-        items: set[int] = set()
-        stack = list(xs)
-        mask = ALL_BYTES
-        has_mask = False
-        while stack:
-            x = stack.pop()
-            k = self.kind[x]
-            if k == EMPTY:
-                return EMPTY
-            if k == AND:
-                stack.extend(self.args[x])
-            elif k == NOT and self.args[x][0] == EMPTY:
-                continue  # universal
-            elif k == BYTES:
-                mask &= self.args[x][0]
-                has_mask = True
-            else:
-                items.add(x)
-        if has_mask:
-            if not mask:
-                return EMPTY
-            # a single byte: keep it if every other part accepts that one-byte string
-            keep = 0
-            m = mask
-            while m:
-                b = _lowbit(m)
-                m &= m - 1
-                if all(self._nullable[self.deriv(i, b)] for i in items):
-                    keep |= 1 << b
-            return self.byteset(keep)
-        if EPS in items:
-            return EPS if all(self._nullable[i] for i in items) else EMPTY
-        if not items:
-            return self.complement(EMPTY)
-        if len(items) == 1:
-            return next(iter(items))
-        return self._mk(AND, tuple(sorted(items)))
+        return self._list_call(_py_intersect, xs)
 
     def complement(self, a: int) -> int:
         if self.kind[a] == NOT:
             return self.args[a][0]
-        return self._mk(NOT, (a,))
+        return self._call(_py_complement, a)
 
     def repeat(self, a: int, lo: int, hi: int | None = None) -> int:
         """``a{lo,hi}``; ``hi=None`` (or -1) is unbounded."""
@@ -355,9 +348,9 @@ class ExprSet:
             return EPS
         if lo == 1 and hi == 1:
             return a
-        if lo >= 1 << 64 or hi >= 1 << 64:
+        if lo >= MAX_COUNT or hi >= MAX_COUNT:
             raise GrammarTooComplexError(f"repetition count {max(lo, hi)} is too large")
-        return self._mk(REPEAT, (a, lo, hi))
+        return self._call(_py_repeat, a, lo, hi)
 
     def star(self, a: int) -> int:
         return self.repeat(a, 0, INF)
@@ -376,36 +369,12 @@ class ExprSet:
         return self._has_bool[e] == 1
 
     def deriv(self, e: int, b: int) -> int:
-        """Brzozowski derivative of ``e`` by byte ``b`` (memoised)."""
+        """Brzozowski derivative of ``e`` by byte ``b`` (memoised in the store, and here for
+        the derivatives asked for from Python)."""
         key = e << 8 | b
         r = self._deriv.get(key)
-        if r is not None:
-            return r
-        k = self.kind[e]
-        if k == EMPTY or k == EPS:
-            r = EMPTY
-        elif k == BYTES:
-            r = EPS if (self.args[e][0] >> b) & 1 else EMPTY
-        elif k == CONCAT:
-            x, y = self.args[e]
-            r = self._concat2(self.deriv(x, b), y)
-            if self._nullable[x]:
-                r = self.alt(r, self.deriv(y, b))
-        elif k == OR:
-            r = self.alt(*[self.deriv(x, b) for x in self.args[e]])
-        elif k == AND:
-            r = self.intersect(*[self.deriv(x, b) for x in self.args[e]])
-        elif k == NOT:
-            r = self.complement(self.deriv(self.args[e][0], b))
-        else:
-            x, lo, hi = self.args[e]
-            r = self._concat2(self.deriv(x, b), self.repeat(x, max(lo - 1, 0), INF if hi == INF else hi - 1))
-        m = current()
-        if m is not None:
-            m.derivs += 1
-            if m.derivs >= DERIV_BATCH:
-                m.flush()
-        self._deriv[key] = r
+        if r is None:
+            r = self._deriv[key] = self._call(_py_deriv, e, b)
         return r
 
     def _first_masks(self, e: int) -> tuple[int, ...]:
@@ -463,19 +432,18 @@ class ExprSet:
         return r
 
     def transitions(self, e: int) -> tuple[tuple[int, int], ...]:
-        """``[(byte_mask, target)]`` for every live derivative of ``e`` (dead ones left out)."""
+        """``[(byte_mask, target)]`` for every live derivative of ``e`` (dead ones left out), one
+        per byte class of ``e`` (classes in the order of their lowest byte)."""
         r = self._trans.get(e)
         if r is not None:
             return r
-        r = self._skip_prefix_transitions(e)
-        if r is not None:
-            self._trans[e] = r
-            return r
-        r = []
-        for m in self.byte_classes(e):
-            t = self.deriv(e, _lowbit(m))
-            if self.alive(t):
-                r.append((m, t))
+        n = self._call(_py_transitions, e)
+        S = self._S
+        masks = S.tw[:n].tobytes()
+        tgt = S.tt[:n].tolist()
+        r = [(int.from_bytes(masks[32 * j:32 * j + 32], "little"), tgt[j]) for j in range(n)]
+        if self._has_bool[e]:
+            r = [(m, t) for m, t in r if self.alive(t)]
         r = self._trans[e] = tuple(r)
         return r
 
@@ -503,38 +471,11 @@ class ExprSet:
             rows.append(row)
         return np.stack(rows), np.array([self.nullable(x) for x in order], dtype=np.bool_)
 
-    def _skip_prefix_transitions(self, e: int):
-        """Transitions of ``c y`` and of ``c{0,h} y`` for a byte set ``c`` without derivatives
-        (None: not of that shape). ``c y`` moves on ``c`` to ``y``. For ``c{0,h} y`` where no byte
-        of ``c`` can start ``y`` (the leading whitespace of JSON and GBNF lexemes), ``c`` moves to
-        ``c{0,h-1} y`` and every other byte as in ``y``, so the memoised transitions of ``y`` serve
-        every count ``h`` instead of deriving each counted variant afresh."""
-        if self.kind[e] != CONCAT:
-            return None
-        head, y = self.args[e]
-        if self.kind[head] == BYTES:
-            # a byte set then ``y``: one move (literals such as keys are chains of these)
-            return ((self.args[head][0], y),) if self.alive(y) else ()
-        if self.kind[head] != REPEAT:
-            return None
-        x, lo, hi = self.args[head]
-        if lo != 0 or self.kind[x] != BYTES:
-            return None
-        m = self.args[x][0]
-        ty = self.transitions(y)
-        for my, _ in ty:
-            if my & m:
-                return None
-        if not self.alive(y):
-            return ()
-        nxt = e if hi == INF else self._concat2(self.repeat(x, 0, hi - 1), y)
-        return ((m, nxt),) + ty
-
     def ladder_next(self, e: int, tr) -> int:
         """The next rung of ``e`` when its transitions ``tr`` are those of a derivative-free
-        shape that a run of bytes walks down (see :meth:`_skip_prefix_transitions`): ``c y``
-        reads ``c`` into ``y``; ``c{0,h} y`` (no byte of ``c`` starting ``y``, ``h`` finite) reads
-        ``c`` into ``c{0,h-1} y``. -1 otherwise. The row store stores a whole ladder at once
+        shape that a run of bytes walks down: ``c y`` (``c`` a byte set) reads ``c`` into ``y``;
+        ``c{0,h} y`` (no byte of ``c`` starting ``y``, ``h`` finite) reads ``c`` into
+        ``c{0,h-1} y``. -1 otherwise. The row store stores a whole ladder at once
         (:mod:`.rowstore`), so that a run of whitespace or the bytes of a key are walked by the
         compiled expansion without a round trip per byte."""
         if not tr or self.kind[e] != CONCAT:
@@ -546,9 +487,19 @@ class ExprSet:
         if k != REPEAT:
             return -1
         x, lo, hi = self.args[head]
-        if lo != 0 or hi == INF or self.kind[x] != BYTES or tr[0][0] != self.args[x][0]:
+        if lo != 0 or hi == INF or self.kind[x] != BYTES:
             return -1
-        return tr[0][1]
+        cm = self.args[x][0]
+        for m, t in tr:
+            if m == cm:   # the class of ``c``'s bytes: the next rung if they move to it alone
+                if hi == 1:
+                    return t if t == y else -1
+                if self.kind[t] == CONCAT and self.args[t][1] == y:
+                    h2 = self.args[t][0]
+                    if self.kind[h2] == REPEAT and self.args[h2] == (x, 0, hi - 1):
+                        return t
+                return -1
+        return -1
 
     def alive(self, e: int) -> bool:
         """True iff the language of ``e`` is non-empty (exact)."""
@@ -562,6 +513,12 @@ class ExprSet:
         r = self._alive_structural(e)
         if r is not None:
             self._alive[e] = r
+            return r
+        # a compiled walk over the derivatives first; past its bound, the walk below (which also
+        # stops at the states known here) decides, or gives up
+        r = self._call(_py_alive, e, self.max_alive_states)
+        if r:
+            r = self._alive[e] = r == 2
             return r
         parent = {e: -1}
         todo = [e]

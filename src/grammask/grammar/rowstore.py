@@ -25,6 +25,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from . import nodestore as ns
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown
 
@@ -39,6 +40,10 @@ RowArrays = namedtuple("RowArrays", "first count mask tgt null cnt")
 #: :func:`fill_stored_rows` statuses
 DONE = 0
 NEED_ROOM = 1   # the lexeme DFA arrays need room for more states: grow them and call again
+#: :func:`store_transitions` statuses (besides DONE)
+NODES_ROOM = 2  # the ExprSet's node store is out of room (or past its bound: see its status)
+ROWS_ROOM = 3   # ``first``/``count`` must cover more expression ids, or the entries are full
+PYTHON = 4      # an expression with an intersection or complement: stored by Python
 
 
 def _new_arrays(cap_exprs: int, cap_entries: int) -> RowArrays:
@@ -58,6 +63,7 @@ class RowStore:
         self.arrays = _new_arrays(max(1024, 2 * n_exprs), 4096)
         #: expressions stored over the store's life (the memory estimate of the lexers that grew it)
         self.added = 0
+        self._out = np.zeros(3, np.int64)   # store_transitions: position, stored, entries needed
 
     def __len__(self) -> int:
         return int(self.arrays.cnt[1])
@@ -68,8 +74,13 @@ class RowStore:
 
     def ensure(self, ex, es, ladder: int = 1) -> None:
         """Store the transitions of every expression of ``es`` (ids in the ExprSet ``ex``, whose
-        store this is) not stored yet (computed by derivatives:
-        :meth:`~.regexset.ExprSet.transitions`)."""
+        store this is) not stored yet, and of the rungs of their ladders (see
+        :meth:`~.regexset.ExprSet.ladder_next`; at most ``ladder`` expressions a ladder).
+
+        One compiled call (:func:`store_transitions`) derives and stores the expressions without
+        intersections or complements; it stops at each of the others, which Python stores
+        (:meth:`~.regexset.ExprSet.transitions`: the emptiness of their targets is decided
+        there), and goes on after it."""
         a = self.arrays
         first = a.first
         n = first.shape[0]
@@ -80,20 +91,51 @@ class RowStore:
             # start over; every expression asked for is stored again
             self.arrays = _new_arrays(max(1024, 2 * len(ex)), 4096)
             todo = list(es)
+        arr = np.array(todo, np.int64)
+        rungs = max(1, min(ladder, MAX_LADDER))
+        out = self._out
+        i = 0
+        while i < arr.shape[0]:
+            S = ex._S
+            st = _store_transitions(S, self.arrays, arr, i, rungs, out)
+            i = int(out[0])
+            self.added += int(out[1])
+            if S.cnt[ns.C_NODES] != S.cnt[ns.C_SYNCED]:
+                ex._sync()
+            if S.cnt[ns.C_GROW]:
+                ex._grow()
+            if st == DONE:
+                break
+            if st == NODES_ROOM:
+                ex._after(-1, _noop, ())
+            elif st == ROWS_ROOM:
+                self._room(int(out[2]), int(S.cnt[ns.C_NODES]))
+            else:   # PYTHON: the expression at ``i``, and its ladder
+                self._ensure_py(ex, int(arr[i]), rungs)
+                i += 1
+
+    def _room(self, entries: int, n_exprs: int) -> None:
+        a = self.arrays
+        if n_exprs > a.first.shape[0]:
+            n = a.first.shape[0]
+            a = a._replace(first=grown(a.first, 2 * n_exprs, n), count=grown(a.count, 2 * n_exprs, n))
+        used = int(a.cnt[0])
+        if used + entries > a.tgt.shape[0]:
+            a = a._replace(mask=grown(a.mask, used + entries, used), tgt=grown(a.tgt, used + entries, used),
+                           null=grown(a.null, used + entries, used))
+        self.arrays = a
+
+    def _ensure_py(self, ex, e: int, rungs: int) -> None:
+        """Store ``e`` (and its ladder) from :meth:`~.regexset.ExprSet.transitions`."""
         items = []      # (expression, its transitions), each once
         batch = set()
-        for e in dict.fromkeys(todo):   # distinct, in order
-            if e in batch:
-                continue
-            for _ in range(max(1, min(ladder, MAX_LADDER))):
-                tr = ex.transitions(e)
-                items.append((e, tr))
-                batch.add(e)
-                # the rungs below (a run of whitespace, the bytes of a key): their rows are then
-                # written by the compiled expansion with no round trip per byte
-                e = ex.ladder_next(e, tr)
-                if e < 0 or e in batch or self.has(e):
-                    break
+        for _ in range(rungs):
+            tr = ex.transitions(e)
+            items.append((e, tr))
+            batch.add(e)
+            e = ex.ladder_next(e, tr)
+            if e < 0 or e in batch or self.has(e):
+                break
         self._add(items, ex)
 
     def _add(self, items, ex) -> None:
@@ -143,6 +185,60 @@ def _store_rows(a, es, counts, masks, tgt, nullable, used):
 
 
 _store_rows_call = FastCall(_store_rows)
+
+
+@njit(nogil=True, cache=True)
+def store_transitions(S, A, es, start, rungs, out):
+    """Store in ``A`` the transitions (:func:`.nodestore.transitions_of`) of the expressions
+    ``es[start:]`` of node store ``S`` not stored yet, each with the rungs of its ladder
+    (:func:`.nodestore.ladder_next`, at most ``rungs`` expressions in all). Returns a status:
+    DONE; or where it stopped, at ``out[0]`` (``out[1]``: expressions stored): NODES_ROOM,
+    ROWS_ROOM (``out[2]``: the entries one expression needs), PYTHON (``es[out[0]]`` has an
+    intersection or complement: its targets' emptiness is Python's to decide)."""
+    out[1] = 0
+    for i in range(start, es.shape[0]):
+        out[0] = i
+        e = es[i]
+        for rung in range(rungs):
+            if e < A.first.shape[0] and A.first[e] > 0:
+                break   # stored (a rung of an earlier ladder, or met twice)
+            if S.hb[e]:
+                if rung == 0:
+                    return PYTHON
+                break   # a rung Python stores when it is asked for
+            if e >= A.first.shape[0]:
+                out[2] = 0
+                return ROWS_ROOM
+            n = ns.transitions_of(S, e)
+            if n < 0:
+                return NODES_ROOM
+            used = A.cnt[0]
+            if used + n > A.tgt.shape[0]:
+                out[2] = n
+                return ROWS_ROOM
+            for j in range(n):
+                for w in range(4):
+                    A.mask[used + j, w] = S.tw[j, w]
+                t = S.tt[j]
+                A.tgt[used + j] = t
+                A.null[used + j] = S.nul[t]
+            A.cnt[0] = used + n
+            A.count[e] = n
+            A.first[e] = used + 1   # last: a reader that sees it set sees the whole row
+            A.cnt[1] += 1
+            out[1] += 1
+            e = ns.ladder_next(S, e, n)
+            if e < 0:
+                break
+    out[0] = es.shape[0]
+    return DONE
+
+
+_store_transitions = FastCall(store_transitions)
+
+
+def _noop(S):
+    return 0
 
 
 def row_store(exprs) -> RowStore:

@@ -1,0 +1,1105 @@
+"""The compiled node store of an :class:`~.regexset.ExprSet`: hash-consed byte regexes, their
+construction and their Brzozowski derivatives over flat arrays, in Numba.
+
+The ExprSet names every expression by a small int and keeps equal expressions equal by
+hash-consing (see :mod:`.regexset`). This module holds the nodes themselves and does, in compiled
+code, what a lexer state's first visit spent most of its time on in Python: looking nodes up,
+making new ones with the simplifications that keep derivative chains short, deriving them by a
+byte and cutting the 256 bytes into the classes on which a derivative is constant. The ExprSet
+keeps Python mirrors of the nodes (``kind``, ``args``, flags) for the code that reasons about
+expressions structurally (emptiness of intersections, slice containment, counter caps), and adds
+every node this store made to them after each call (:meth:`~.regexset.ExprSet._sync`).
+
+Arrays (one :class:`NodeArrays` record, see :mod:`.kstruct`; grown by Python when a kernel reports
+:data:`NEED_ROOM`, after which the call is made again: every result is hash-consed or memoised,
+so the work done before the stop is found again, not repeated)
+
+``kind[i]``, ``a[i]``, ``b[i]``, ``c[i]``
+    the node: ``CONCAT`` (a, b) the two parts (right-nested); ``OR``/``AND`` the ``b[i]``
+    children ``pool[a[i]:a[i] + b[i]]``, sorted and distinct; ``NOT`` ``a`` the complemented
+    node; ``REPEAT`` ``a`` the body, ``b`` the minimum and ``c`` the maximum count (-1:
+    unbounded); ``BYTES`` ``a`` the row of its 256-bit byte mask in ``bm`` (4 words, byte ``k``
+    is bit ``k % 64`` of word ``k // 64``).
+``nul[i]``, ``hb[i]``, ``liv[i]``
+    the node accepts the empty string; the node contains an intersection or a complement; what
+    :func:`alive_search` learnt of its language (0 nothing, :data:`LIVE`, :data:`DEAD`).
+``htab``
+    open addressing, node id + 1 (0: a free slot), by the hash of the node's contents.
+``dkey``, ``dval``
+    the derivative memo, open addressing: ``(e << 8 | byte) + 1`` and the derivative.
+``cnt``
+    counters, see the ``C_*`` constants.
+``xs``, ``tw``, ``tt``, ``fr``, ``vals``, ``arena``
+    scratch: the expressions of a union or intersection asked for from Python; the byte class
+    masks and targets of :func:`transitions_of`; the frames, values and intersection checks of
+    :func:`deriv` (a call that needs more works on larger copies of its own).
+"""
+from __future__ import annotations
+
+from collections import namedtuple
+
+import numpy as np
+from numba import njit
+
+EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
+INF = -1
+
+#: ``cnt`` slots: nodes, pool entries, byte masks, hash entries, memoised derivatives, the status
+#: of the last call, the most nodes allowed, derivatives made (all time), "grow soon" flag
+C_NODES, C_POOL, C_BM, C_HT, C_DM, C_STATUS, C_MAX, C_DERIVS, C_GROW, C_SYNCED, C_POOL_NEED = range(11)
+#: ``liv`` values
+LIVE = 1
+DEAD = 2
+#: statuses
+DONE = 0
+NEED_ROOM = 1
+TOO_MANY = 2
+
+NodeArrays = namedtuple("NodeArrays", "kind a b c nul hb liv pool bm htab dkey dval cnt xs tw tt fr vals arena")
+
+
+def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks: int = 256,
+               table: int = 1 << 13, memo: int = 1 << 14, scratch: int = 64) -> NodeArrays:
+    cnt = np.zeros(16, np.int64)
+    cnt[C_MAX] = max_nodes
+    return NodeArrays(
+        kind=np.zeros(nodes, np.uint8), a=np.zeros(nodes, np.int64), b=np.zeros(nodes, np.int64),
+        c=np.zeros(nodes, np.int64), nul=np.zeros(nodes, np.uint8), hb=np.zeros(nodes, np.uint8),
+        liv=np.zeros(nodes, np.uint8),
+        pool=np.zeros(pool, np.int64), bm=np.zeros((masks, 4), np.uint64),
+        htab=np.zeros(table, np.int64), dkey=np.zeros(memo, np.int64), dval=np.zeros(memo, np.int64),
+        cnt=cnt, xs=np.zeros(scratch, np.int64), tw=np.zeros((256, 4), np.uint64),
+        tt=np.zeros(256, np.int64), fr=np.zeros((256, 4), np.int64), vals=np.zeros(256, np.int64),
+        arena=np.zeros(256, np.int64))
+
+
+# ------------------------------------------------------------------------------ hashing
+@njit(nogil=True, cache=True, inline="always")
+def _fmix(x):
+    x ^= x >> np.uint64(33)
+    x *= np.uint64(0xFF51AFD7ED558CCD)
+    x ^= x >> np.uint64(33)
+    x *= np.uint64(0xC4CEB9FE1A85EC53)
+    x ^= x >> np.uint64(33)
+    return x
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _h(h, x):
+    """Fold the int ``x`` (any int64, negatives included) into the hash ``h``."""
+    return _fmix(h ^ (np.uint64(x & 0x7FFFFFFFFFFFFFFF) + np.uint64(0x9E3779B97F4A7C15)
+                      + (np.uint64(1) if x < 0 else np.uint64(0))))
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _hw(h, w):
+    return _fmix(h ^ (w + np.uint64(0x9E3779B97F4A7C15)))
+
+
+# ------------------------------------------------------------------------------ raw nodes
+@njit(nogil=True, cache=True)
+def _room(S, pool_need, bm_need):
+    """Whether one more node (with ``pool_need`` children, ``bm_need`` masks) fits; sets the
+    status (and "grow soon") otherwise. Flags "grow soon" when a table is half full."""
+    cnt = S.cnt
+    n = cnt[C_NODES]
+    if n >= cnt[C_MAX]:
+        cnt[C_STATUS] = TOO_MANY
+        return False
+    cap = S.kind.shape[0]
+    hcap = S.htab.shape[0]
+    if (n + 1 > cap or cnt[C_POOL] + pool_need > S.pool.shape[0] or cnt[C_BM] + bm_need > S.bm.shape[0]
+            or 4 * (cnt[C_HT] + 1) > 3 * hcap):
+        cnt[C_STATUS] = NEED_ROOM
+        cnt[C_GROW] = 1
+        cnt[C_POOL_NEED] = pool_need
+        return False
+    if 4 * n > 3 * cap or 2 * cnt[C_HT] > hcap or 4 * cnt[C_POOL] > 3 * S.pool.shape[0]:
+        cnt[C_GROW] = 1
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _finish(S, i, slot, kind, nul, hb):
+    S.kind[i] = kind
+    S.nul[i] = nul
+    S.hb[i] = hb
+    S.htab[slot] = i + 1
+    S.cnt[C_NODES] = i + 1
+    S.cnt[C_HT] += 1
+    return i
+
+
+@njit(nogil=True, cache=True)
+def mk3(S, kind, a, b, c):
+    """The node ``(kind, a, b, c)`` of a kind without children in the pool (EMPTY, EPS, CONCAT,
+    NOT, REPEAT), made if new, without simplification; -1 when the store is out of room."""
+    h = _h(_h(_h(_h(np.uint64(kind), kind), a), b), c)
+    mask = S.htab.shape[0] - 1
+    slot = np.int64(h & np.uint64(mask))
+    ht = S.htab
+    while ht[slot] != 0:
+        i = ht[slot] - 1
+        if S.kind[i] == kind and S.a[i] == a and S.b[i] == b and S.c[i] == c:
+            return i
+        slot = (slot + 1) & mask
+    if not _room(S, 0, 0):
+        return -1
+    i = S.cnt[C_NODES]
+    S.a[i] = a
+    S.b[i] = b
+    S.c[i] = c
+    if kind == CONCAT:
+        nul = S.nul[a] & S.nul[b]
+        hb = S.hb[a] | S.hb[b]
+    elif kind == EPS:
+        nul, hb = 1, 0
+    elif kind == NOT:
+        nul = 1 - S.nul[a]
+        hb = 1
+    elif kind == REPEAT:
+        nul = 1 if (b == 0 or S.nul[a]) else 0
+        hb = S.hb[a]
+    else:
+        nul, hb = 0, 0
+    return _finish(S, i, slot, kind, nul, hb)
+
+
+@njit(nogil=True, cache=True)
+def mk_bytes(S, w0, w1, w2, w3):
+    """The byte set of the mask ``w0..w3`` (EMPTY for no byte); -1 when out of room."""
+    if w0 == 0 and w1 == 0 and w2 == 0 and w3 == 0:
+        return EMPTY
+    h = _hw(_hw(_hw(_hw(np.uint64(BYTES), w0), w1), w2), w3)
+    mask = S.htab.shape[0] - 1
+    slot = np.int64(h & np.uint64(mask))
+    ht = S.htab
+    bm = S.bm
+    while ht[slot] != 0:
+        i = ht[slot] - 1
+        if S.kind[i] == BYTES:
+            r = S.a[i]
+            if bm[r, 0] == w0 and bm[r, 1] == w1 and bm[r, 2] == w2 and bm[r, 3] == w3:
+                return i
+        slot = (slot + 1) & mask
+    if not _room(S, 0, 1):
+        return -1
+    i = S.cnt[C_NODES]
+    r = S.cnt[C_BM]
+    bm[r, 0] = w0
+    bm[r, 1] = w1
+    bm[r, 2] = w2
+    bm[r, 3] = w3
+    S.cnt[C_BM] = r + 1
+    S.a[i] = r
+    S.b[i] = 0
+    S.c[i] = 0
+    return _finish(S, i, slot, BYTES, 0, 0)
+
+
+@njit(nogil=True, cache=True)
+def _mk_list(S, kind, ch, n):
+    """The OR/AND node of the sorted distinct children ``ch[:n]`` (n >= 2), made if new."""
+    h = _h(np.uint64(kind), n)
+    for j in range(n):
+        h = _h(h, ch[j])
+    mask = S.htab.shape[0] - 1
+    slot = np.int64(h & np.uint64(mask))
+    ht = S.htab
+    pool = S.pool
+    while ht[slot] != 0:
+        i = ht[slot] - 1
+        if S.kind[i] == kind and S.b[i] == n:
+            o = S.a[i]
+            same = True
+            for j in range(n):
+                if pool[o + j] != ch[j]:
+                    same = False
+                    break
+            if same:
+                return i
+        slot = (slot + 1) & mask
+    if not _room(S, n, 0):
+        return -1
+    i = S.cnt[C_NODES]
+    o = S.cnt[C_POOL]
+    nul = 0 if kind == OR else 1
+    hb = 1 if kind == AND else 0
+    for j in range(n):
+        x = ch[j]
+        pool[o + j] = x
+        if kind == OR:
+            nul |= S.nul[x]
+            hb |= S.hb[x]
+        else:
+            nul &= S.nul[x]
+    S.cnt[C_POOL] = o + n
+    S.a[i] = o
+    S.b[i] = n
+    S.c[i] = 0
+    return _finish(S, i, slot, kind, nul, hb)
+
+
+# ------------------------------------------------------------------------------ constructors
+@njit(nogil=True, cache=True)
+def concat2(S, a, b):
+    """``a b``, kept right-nested (a concatenation ``a`` is re-nested onto ``b``: its parts,
+    in order, are put in front of ``b`` from the inside out)."""
+    if a == EMPTY or b == EMPTY:
+        return EMPTY
+    if a == EPS:
+        return b
+    if b == EPS:
+        return a
+    kind = S.kind
+    if kind[a] != CONCAT:
+        return mk3(S, CONCAT, a, b, 0)
+    # the parts of ``a`` that are not concatenations, in order (no recursion: the kernels are
+    # cached, and Numba's cache does not keep recursive functions)
+    parts = np.empty(16, np.int64)
+    k = 0
+    stack = np.empty(16, np.int64)
+    stack[0] = a
+    sp = 1
+    while sp > 0:
+        sp -= 1
+        x = stack[sp]
+        if kind[x] == CONCAT:
+            if sp + 2 > stack.shape[0]:
+                stack = _grow1(stack)
+            stack[sp] = S.b[x]
+            stack[sp + 1] = S.a[x]
+            sp += 2
+        else:
+            if k == parts.shape[0]:
+                parts = _grow1(parts)
+            parts[k] = x
+            k += 1
+    r = b
+    for j in range(k - 1, -1, -1):
+        x = parts[j]
+        if x == EMPTY:
+            return EMPTY
+        if x == EPS:
+            continue
+        r = mk3(S, CONCAT, x, r, 0)
+        if r < 0:
+            return -1
+    return r
+
+
+@njit(nogil=True, cache=True)
+def complement(S, a):
+    if S.kind[a] == NOT:
+        return S.a[a]
+    return mk3(S, NOT, a, 0, 0)
+
+
+@njit(nogil=True, cache=True)
+def repeat(S, a, lo, hi):
+    """``a{lo,hi}`` (``hi`` -1: unbounded); counts are checked by the caller."""
+    if hi != INF and hi < lo:
+        return EMPTY
+    if hi == 0:
+        return EPS
+    if a == EMPTY:
+        return EPS if lo == 0 else EMPTY
+    if a == EPS:
+        return EPS
+    if lo == 1 and hi == 1:
+        return a
+    return mk3(S, REPEAT, a, lo, hi)
+
+
+@njit(nogil=True, cache=True)
+def _flat(S, xs, n, kind):
+    """The children of ``xs[:n]`` with nested ``kind`` nodes (OR/AND) opened, in an array
+    (unsorted, with repeats) and their count."""
+    m = 0
+    for j in range(n):
+        x = xs[j]
+        m += S.b[x] if S.kind[x] == kind else 1
+    out = np.empty(max(m, 1), np.int64)
+    stack = np.empty(max(m, 1), np.int64)
+    k = 0
+    for j in range(n):
+        x = xs[j]
+        if S.kind[x] != kind:
+            if k == out.shape[0]:
+                out = _grow1(out)
+            out[k] = x
+            k += 1
+            continue
+        sp = 0
+        stack[sp] = x
+        sp += 1
+        while sp > 0:
+            sp -= 1
+            y = stack[sp]
+            if S.kind[y] == kind:
+                o = S.a[y]
+                for t in range(S.b[y]):
+                    if sp == stack.shape[0]:
+                        stack = _grow1(stack)
+                    stack[sp] = S.pool[o + t]
+                    sp += 1
+            else:
+                if k == out.shape[0]:
+                    out = _grow1(out)
+                out[k] = y
+                k += 1
+    return out, k
+
+
+@njit(nogil=True, cache=True)
+def _grow1(x):
+    y = np.empty(2 * x.shape[0] + 4, x.dtype)
+    y[:x.shape[0]] = x
+    return y
+
+
+@njit(nogil=True, cache=True)
+def _grow_rows(x):
+    y = np.empty((2 * x.shape[0], x.shape[1]), x.dtype)
+    y[:x.shape[0]] = x
+    return y
+
+
+@njit(nogil=True, cache=True)
+def _sorted_distinct(items, k):
+    """``items[:k]`` sorted, repeats dropped: the array (``items`` itself, sorted in place, when
+    short: an insertion sort, where ``np.sort`` costs ~0.25 µs even for five) and its length."""
+    if k > 32:
+        s = np.sort(items[:k])
+    else:
+        s = items
+        for j in range(1, k):
+            x = s[j]
+            i = j - 1
+            while i >= 0 and s[i] > x:
+                s[i + 1] = s[i]
+                i -= 1
+            s[i + 1] = x
+    m = 0
+    for j in range(k):
+        if j == 0 or s[j] != s[j - 1]:
+            s[m] = s[j]
+            m += 1
+    return s, m
+
+
+@njit(nogil=True, cache=True)
+def alt(S, xs, n):
+    """The union of ``xs[:n]``: nested unions opened, byte sets merged, EMPTY dropped, EPS
+    dropped beside a nullable part, sorted and distinct."""
+    if n == 1 and S.kind[xs[0]] != OR:
+        return xs[0]
+    flat, k = _flat(S, xs, n, OR)
+    items = np.empty(k + 1, np.int64)
+    m = 0
+    w0 = w1 = w2 = w3 = np.uint64(0)
+    for j in range(k):
+        x = flat[j]
+        kx = S.kind[x]
+        if kx == EMPTY:
+            continue
+        if kx == BYTES:
+            r = S.a[x]
+            w0 |= S.bm[r, 0]
+            w1 |= S.bm[r, 1]
+            w2 |= S.bm[r, 2]
+            w3 |= S.bm[r, 3]
+        else:
+            items[m] = x
+            m += 1
+    if w0 | w1 | w2 | w3:
+        bx = mk_bytes(S, w0, w1, w2, w3)
+        if bx < 0:
+            return -1
+        items[m] = bx
+        m += 1
+    if m == 0:
+        return EMPTY
+    s, m = _sorted_distinct(items, m)
+    if m > 1 and s[0] == EPS:   # EPS is id 1: first unless EMPTY (dropped)
+        for j in range(1, m):
+            if S.nul[s[j]]:
+                s = s[1:]
+                m -= 1
+                break
+    if m == 1:
+        return s[0]
+    return _mk_list(S, OR, s, m)
+
+
+@njit(nogil=True, cache=True)
+def _isect_prep(S, xs, n):
+    """The first half of an intersection of ``xs[:n]``: ``(result, items, m, has_mask, w)``,
+    ``result`` >= 0 when it is decided already (or -1 out of room), else -2 with the parts
+    ``items[:m]`` left and the byte mask ``w`` of the byte-set parts (``has_mask``)."""
+    flat, k = _flat(S, xs, n, AND)
+    items = np.empty(k + 1, np.int64)
+    w = np.empty(4, np.uint64)
+    w[:] = ~np.uint64(0)
+    has_mask = False
+    m = 0
+    for j in range(k):
+        x = flat[j]
+        kx = S.kind[x]
+        if kx == EMPTY:
+            return EMPTY, items, 0, False, w
+        if kx == NOT and S.a[x] == EMPTY:
+            continue   # universal
+        if kx == BYTES:
+            r = S.a[x]
+            for t in range(4):
+                w[t] &= S.bm[r, t]
+            has_mask = True
+        else:
+            items[m] = x
+            m += 1
+    if has_mask:
+        if not (w[0] | w[1] | w[2] | w[3]):
+            return EMPTY, items, 0, False, w
+        return -2, items, m, True, w
+    if m == 0:
+        return complement(S, EMPTY), items, 0, False, w
+    s, m = _sorted_distinct(items, m)
+    if s[0] == EPS or (m > 1 and s[1] == EPS):
+        for j in range(m):
+            if not S.nul[s[j]]:
+                return EMPTY, s, 0, False, w
+        return EPS, s, 0, False, w
+    if m == 1:
+        return s[0], s, 1, False, w
+    return _mk_list(S, AND, s, m), s, m, False, w
+
+
+@njit(nogil=True, cache=True)
+def _memo_get(S, key):
+    dk = S.dkey
+    dmask = dk.shape[0] - 1
+    slot = np.int64(_h(np.uint64(0), key) & np.uint64(dmask))
+    while dk[slot] != 0:
+        if dk[slot] == key + 1:
+            return S.dval[slot]
+        slot = (slot + 1) & dmask
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def _memo_put(S, key, r):
+    """Memoise ``key -> r``; False (status :data:`NEED_ROOM`) when the memo is three quarters
+    full: a walk over many derivatives (:func:`alive_search`) would otherwise derive the same
+    expressions again and again."""
+    dk = S.dkey
+    if 4 * (S.cnt[C_DM] + 1) > 3 * dk.shape[0]:
+        S.cnt[C_STATUS] = NEED_ROOM
+        S.cnt[C_GROW] = 1
+        return False
+    S.cnt[C_DERIVS] += 1
+    dmask = dk.shape[0] - 1
+    slot = np.int64(_h(np.uint64(0), key) & np.uint64(dmask))
+    while dk[slot] != 0:
+        if dk[slot] == key + 1:
+            return True
+        slot = (slot + 1) & dmask
+    dk[slot] = key + 1
+    S.dval[slot] = r
+    S.cnt[C_DM] += 1
+    if 2 * S.cnt[C_DM] > dk.shape[0]:
+        S.cnt[C_GROW] = 1
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _derived(S, e, byte, vals, nv):
+    """The derivative of ``e`` (not an intersection) by ``byte`` from the derivatives of its
+    parts ``vals[:nv]``, in the order :func:`deriv` asks for them."""
+    k = S.kind[e]
+    if k == CONCAT:
+        r = concat2(S, vals[0], S.b[e])
+        if r < 0 or nv == 1:
+            return r
+        dy = vals[1]
+        if r == EMPTY:
+            return dy
+        if dy == EMPTY:
+            return r
+        two = np.empty(2, np.int64)
+        two[0] = r
+        two[1] = dy
+        return alt(S, two, 2)
+    if k == OR:
+        return alt(S, vals, nv)
+    if k == NOT:
+        return complement(S, vals[0])
+    # REPEAT
+    x = S.a[e]
+    lo = S.b[e]
+    hi = S.c[e]
+    rest = repeat(S, x, max(lo - 1, 0), INF if hi == INF else hi - 1)
+    if rest < 0:
+        return -1
+    return concat2(S, vals[0], rest)
+
+
+@njit(nogil=True, cache=True)
+def deriv(S, e, byte):
+    """Brzozowski derivative of ``e`` by ``byte`` (memoised); -1 when the store is out of room.
+
+    Without recursion (Numba's cache does not keep recursive functions): a stack of frames,
+    each an expression, a byte and a phase, with the derivatives of finished frames on a stack
+    of values. Phase 0 asks for the parts' derivatives; phase 1 combines them; an intersection
+    whose parts' derivatives include byte sets goes on to phase 2, which checks the bytes left
+    one (byte, part) pair at a time (stopping at the first part that rejects the byte, as the
+    memoised derivatives it needs are asked for one by one)."""
+    r = _memo_get(S, e << 8 | byte)
+    if r >= 0:
+        return r
+    fr = S.fr         # frames: expression, byte, phase, arena offset (or first value)
+    vals = S.vals     # finished derivatives
+    arena = S.arena   # phase 2: [m, next byte, next part, keep0..3, w0..3, items...]
+    fr[0, 0] = e
+    fr[0, 1] = byte
+    fr[0, 2] = 0
+    fr[0, 3] = 0
+    nf = 1
+    nv = 0
+    na = 0
+    kind = S.kind
+    while nf > 0:
+        f = nf - 1
+        x = fr[f, 0]
+        b = fr[f, 1]
+        ph = fr[f, 2]
+        if ph == 0:
+            r = _memo_get(S, x << 8 | b)
+            if r < 0:
+                k = kind[x]
+                if k == EMPTY or k == EPS:
+                    r = EMPTY
+                elif k == BYTES:
+                    r = EPS if (S.bm[S.a[x], b >> 6] >> np.uint64(b & 63)) & np.uint64(1) else EMPTY
+                if r >= 0 and not _memo_put(S, x << 8 | b, r):
+                    return -1
+            if r >= 0:
+                nf -= 1
+                if nv == vals.shape[0]:
+                    vals = _grow1(vals)
+                vals[nv] = r
+                nv += 1
+                continue
+            # ask for the parts' derivatives: pushed last first, so that they finish in order
+            k = kind[x]
+            fr[f, 2] = 1
+            fr[f, 3] = nv
+            if k == CONCAT:
+                y = S.a[x]
+                nk = 2 if S.nul[y] else 1
+            elif k == OR or k == AND:
+                nk = S.b[x]
+            else:
+                nk = 1
+            while nf + nk > fr.shape[0]:
+                fr = _grow_rows(fr)
+            for j in range(nk - 1, -1, -1):
+                if k == CONCAT:
+                    c = S.a[x] if j == 0 else S.b[x]
+                elif k == OR or k == AND:
+                    c = S.pool[S.a[x] + j]
+                else:
+                    c = S.a[x]
+                fr[nf, 0] = c
+                fr[nf, 1] = b
+                fr[nf, 2] = 0
+                fr[nf, 3] = 0
+                nf += 1
+            continue
+        if ph == 1:
+            v0 = fr[f, 3]
+            nk = nv - v0
+            if kind[x] == AND:
+                r, items, m, has_mask, w = _isect_prep(S, vals[v0:nv].copy(), nk)
+                nv = v0
+                if r == -2:
+                    # phase 2: the bytes of ``w`` that every part of ``items`` accepts alone
+                    need = 11 + m
+                    while na + need > arena.shape[0]:
+                        arena = _grow1(arena)
+                    o = na
+                    arena[o] = m
+                    arena[o + 1] = 0
+                    arena[o + 2] = 0
+                    for t in range(4):
+                        arena[o + 3 + t] = 0
+                        arena[o + 7 + t] = np.int64(w[t])
+                    for j in range(m):
+                        arena[o + 11 + j] = items[j]
+                    na += need
+                    fr[f, 3] = o
+                    fr[f, 2] = 2
+                    continue
+            else:
+                r = _derived(S, x, b, vals[v0:nv], nk)
+                nv = v0
+            if r < 0 or not _memo_put(S, x << 8 | b, r):
+                return -1
+            nf -= 1
+            if nv == vals.shape[0]:
+                vals = _grow1(vals)
+            vals[nv] = r
+            nv += 1
+            continue
+        # phase 2 (and 3: a part's derivative by the byte under test has finished)
+        o = fr[f, 3]
+        m = arena[o]
+        if ph == 3:
+            nv -= 1
+            d = vals[nv]
+            fr[f, 2] = 2
+            if S.nul[d]:
+                arena[o + 2] += 1
+            else:
+                arena[o + 1] += 1
+                arena[o + 2] = 0
+        pushed = False
+        while arena[o + 1] < 256:
+            c = arena[o + 1]
+            if not (np.uint64(arena[o + 7 + (c >> 6)]) >> np.uint64(c & 63)) & np.uint64(1):
+                arena[o + 1] += 1
+                continue
+            j = arena[o + 2]
+            if j == m:   # every part accepts the byte
+                arena[o + 3 + (c >> 6)] = np.int64(np.uint64(arena[o + 3 + (c >> 6)])
+                                                   | (np.uint64(1) << np.uint64(c & 63)))
+                arena[o + 1] += 1
+                arena[o + 2] = 0
+                continue
+            d = _memo_get(S, arena[o + 11 + j] << 8 | c)
+            if d < 0:
+                if nf == fr.shape[0]:
+                    fr = _grow_rows(fr)
+                fr[f, 2] = 3
+                fr[nf, 0] = arena[o + 11 + j]
+                fr[nf, 1] = c
+                fr[nf, 2] = 0
+                fr[nf, 3] = 0
+                nf += 1
+                pushed = True
+                break
+            if S.nul[d]:
+                arena[o + 2] += 1
+            else:
+                arena[o + 1] += 1
+                arena[o + 2] = 0
+        if pushed:
+            continue
+        r = mk_bytes(S, np.uint64(arena[o + 3]), np.uint64(arena[o + 4]), np.uint64(arena[o + 5]),
+                     np.uint64(arena[o + 6]))
+        na = o
+        if r < 0 or not _memo_put(S, x << 8 | b, r):
+            return -1
+        nf -= 1
+        if nv == vals.shape[0]:
+            vals = _grow1(vals)
+        vals[nv] = r
+        nv += 1
+    return vals[0]
+
+
+@njit(nogil=True, cache=True)
+def _keep_bytes(S, items, m, w):
+    """The end of an intersection with byte-set parts ``w``: the bytes every other part of
+    ``items[:m]`` accepts as a one-byte string."""
+    keep = np.zeros(4, np.uint64)
+    for b in range(256):
+        if not (w[b >> 6] >> np.uint64(b & 63)) & np.uint64(1):
+            continue
+        ok = True
+        for j in range(m):
+            d = deriv(S, items[j], b)
+            if d < 0:
+                return -1
+            if not S.nul[d]:
+                ok = False
+                break
+        if ok:
+            keep[b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+    return mk_bytes(S, keep[0], keep[1], keep[2], keep[3])
+
+
+@njit(nogil=True, cache=True)
+def intersect(S, xs, n):
+    r, items, m, has_mask, w = _isect_prep(S, xs, n)
+    if r == -2:
+        r = _keep_bytes(S, items, m, w)
+    return r
+
+
+@njit(nogil=True, cache=True)
+def literal(S, data):
+    """The concatenation of the bytes of ``data`` (uint8)."""
+    e = EPS
+    for j in range(data.shape[0] - 1, -1, -1):
+        b = data[j]
+        w = np.zeros(4, np.uint64)
+        w[b >> 6] = np.uint64(1) << np.uint64(b & 63)
+        x = mk_bytes(S, w[0], w[1], w[2], w[3])
+        if x < 0:
+            return -1
+        e = x if e == EPS else mk3(S, CONCAT, x, e, 0)
+        if e < 0:
+            return -1
+    return e
+
+
+# ------------------------------------------------------------------------------ byte classes
+@njit(nogil=True, cache=True)
+def _refine(parts, np_, w0, w1, w2, w3):
+    """Split each class of ``parts[:np_]`` by the mask ``w``; the new count."""
+    k = np_
+    for j in range(np_):
+        a0 = parts[j, 0] & w0
+        a1 = parts[j, 1] & w1
+        a2 = parts[j, 2] & w2
+        a3 = parts[j, 3] & w3
+        if not (a0 | a1 | a2 | a3):
+            continue
+        b0 = parts[j, 0] & ~w0
+        b1 = parts[j, 1] & ~w1
+        b2 = parts[j, 2] & ~w2
+        b3 = parts[j, 3] & ~w3
+        if not (b0 | b1 | b2 | b3):
+            continue
+        parts[j, 0] = a0
+        parts[j, 1] = a1
+        parts[j, 2] = a2
+        parts[j, 3] = a3
+        parts[k, 0] = b0
+        parts[k, 1] = b1
+        parts[k, 2] = b2
+        parts[k, 3] = b3
+        k += 1
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _classes(S, e, parts, np_):
+    """Refine ``parts[:np_]`` by every byte mask that can be read first in ``e``."""
+    stack = np.empty(32, np.int64)
+    stack[0] = e
+    sp = 1
+    while sp > 0:
+        sp -= 1
+        x = stack[sp]
+        k = S.kind[x]
+        if k == BYTES:
+            r = S.a[x]
+            np_ = _refine(parts, np_, S.bm[r, 0], S.bm[r, 1], S.bm[r, 2], S.bm[r, 3])
+            continue
+        if k == CONCAT:
+            nk = 2 if S.nul[S.a[x]] else 1
+        elif k == OR or k == AND:
+            nk = S.b[x]
+        elif k == NOT or k == REPEAT:
+            nk = 1
+        else:
+            continue
+        while sp + nk > stack.shape[0]:
+            stack = _grow1(stack)
+        for j in range(nk):
+            if k == CONCAT:
+                stack[sp] = S.a[x] if j == 0 else S.b[x]
+            elif k == OR or k == AND:
+                stack[sp] = S.pool[S.a[x] + j]
+            else:
+                stack[sp] = S.a[x]
+            sp += 1
+    return np_
+
+
+@njit(nogil=True, cache=True)
+def _lowbit(w0, w1, w2, w3):
+    ws = (w0, w1, w2, w3)
+    for t in range(4):
+        w = ws[t]
+        if w:
+            b = 0
+            while not (w >> np.uint64(b)) & np.uint64(1):
+                b += 1
+            return 64 * t + b
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def transitions_of(S, e):
+    """The byte classes of ``e`` (a partition of the bytes on which its derivative is
+    constant) with their derivatives, EMPTY ones left out: ``S.tw[:n]`` the masks, ``S.tt[:n]``
+    the targets; returns ``n`` (-1: out of room). Emptiness of targets with intersections or
+    complements is the caller's to decide."""
+    parts = S.tw
+    parts[0, :] = ~np.uint64(0)
+    np_ = _classes(S, e, parts, 1)
+    n = 0
+    for j in range(np_):
+        b = _lowbit(parts[j, 0], parts[j, 1], parts[j, 2], parts[j, 3])
+        t = deriv(S, e, b)
+        if t < 0:
+            return -1
+        if t == EMPTY:
+            continue
+        if n != j:
+            parts[n, :] = parts[j, :]
+        S.tt[n] = t
+        n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def ladder_next(S, e, n):
+    """The next rung of ``e`` whose transitions are ``S.tw[:n]``/``S.tt[:n]`` (see
+    :meth:`.regexset.ExprSet.ladder_next`, the same rule), or -1."""
+    kind = S.kind
+    if n == 0 or kind[e] != CONCAT:
+        return -1
+    head = S.a[e]
+    y = S.b[e]
+    if kind[head] == BYTES:
+        return y if n == 1 and kind[y] == CONCAT else -1
+    if kind[head] != REPEAT:
+        return -1
+    x = S.a[head]
+    hi = S.c[head]
+    if S.b[head] != 0 or hi == INF or kind[x] != BYTES:
+        return -1
+    r = S.a[x]
+    for j in range(n):
+        if (S.tw[j, 0] == S.bm[r, 0] and S.tw[j, 1] == S.bm[r, 1] and S.tw[j, 2] == S.bm[r, 2]
+                and S.tw[j, 3] == S.bm[r, 3]):
+            t = S.tt[j]
+            if hi == 1:
+                return t if t == y else -1
+            if kind[t] == CONCAT and S.b[t] == y:
+                h2 = S.a[t]
+                if kind[h2] == REPEAT and S.a[h2] == x and S.b[h2] == 0 and S.c[h2] == hi - 1:
+                    return t
+            return -1
+    return -1
+
+
+# ------------------------------------------------------------------------------ emptiness
+@njit(nogil=True, cache=True)
+def _visit(keys, vals, x, v):
+    """Find ``x`` in the open-addressing map ``keys`` (ids + 1) -> ``vals``: its value, or
+    (when absent) -1 after adding it with the value ``v``."""
+    mask = keys.shape[0] - 1
+    slot = np.int64(_h(np.uint64(0), x) & np.uint64(mask))
+    while keys[slot] != 0:
+        if keys[slot] == x + 1:
+            return vals[slot]
+        slot = (slot + 1) & mask
+    keys[slot] = x + 1
+    vals[slot] = v
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def alive_search(S, e, limit):
+    """Whether the language of ``e`` is non-empty, by a depth-first walk over its derivatives:
+    1 when a derivative accepts the empty string, has no intersection or complement left, or is
+    known non-empty (then it is non-empty), 0 when none does, -1 when more than ``limit``
+    derivatives were met (undecided), -2 when the store is out of room. What a walk decides is
+    kept for every derivative it met (``liv``): each one on the path to a non-empty derivative is
+    non-empty; when none is found, all are empty. The lexer's next states are derivatives on
+    that path, so their checks are then lookups."""
+    if e == EMPTY:
+        return 0
+    if S.nul[e] or not S.hb[e] or S.liv[e] == LIVE:
+        return 1
+    if S.liv[e] == DEAD:
+        return 0
+    keys = np.zeros(256, np.int64)
+    kv = np.zeros(256, np.int64)
+    met = np.empty(64, np.int64)      # the derivatives met, in order
+    parent = np.empty(64, np.int64)   # the index in ``met`` of the one each was met from
+    _visit(keys, kv, e, 0)
+    met[0] = e
+    parent[0] = -1
+    n = 1
+    stack = np.empty(64, np.int64)    # indexes into ``met``
+    stack[0] = 0
+    sp = 1
+    parts = np.empty((256, 4), np.uint64)
+    found = -1
+    while sp > 0 and found < 0:
+        sp -= 1
+        i = stack[sp]
+        x = met[i]
+        parts[0, :] = ~np.uint64(0)
+        np_ = _classes(S, x, parts, 1)
+        for j in range(np_):
+            t = deriv(S, x, _lowbit(parts[j, 0], parts[j, 1], parts[j, 2], parts[j, 3]))
+            if t < 0:
+                return -2
+            if t == EMPTY or S.liv[t] == DEAD:
+                continue
+            if 2 * (n + 1) > keys.shape[0]:
+                ok, ov = keys, kv
+                keys = np.zeros(2 * ok.shape[0], np.int64)
+                kv = np.zeros(2 * ok.shape[0], np.int64)
+                for q in range(ok.shape[0]):
+                    if ok[q] != 0:
+                        _visit(keys, kv, ok[q] - 1, ov[q])
+            if _visit(keys, kv, t, n) >= 0:
+                continue
+            if n == met.shape[0]:
+                met = _grow1(met)
+                parent = _grow1(parent)
+            met[n] = t
+            parent[n] = i
+            n += 1
+            if S.nul[t] or not S.hb[t] or S.liv[t] == LIVE:
+                found = n - 1
+                break
+            if n > limit:
+                return -1
+            if sp == stack.shape[0]:
+                stack = _grow1(stack)
+            stack[sp] = n - 1
+            sp += 1
+    if found < 0:
+        for q in range(n):
+            S.liv[met[q]] = DEAD
+        return 0
+    while found >= 0:
+        S.liv[met[found]] = LIVE
+        found = parent[found]
+    return 1
+
+
+# ------------------------------------------------------------------------------ growth
+@njit(nogil=True, cache=True)
+def rehash(S, htab, dkey, dval):
+    """Fill the new, larger tables ``htab`` and ``dkey``/``dval`` from ``S``'s."""
+    hmask = htab.shape[0] - 1
+    for i in range(S.cnt[C_NODES]):
+        k = S.kind[i]
+        if k == BYTES:
+            r = S.a[i]
+            h = _hw(_hw(_hw(_hw(np.uint64(BYTES), S.bm[r, 0]), S.bm[r, 1]), S.bm[r, 2]), S.bm[r, 3])
+        elif k == OR or k == AND:
+            n = S.b[i]
+            h = _h(np.uint64(k), n)
+            for j in range(n):
+                h = _h(h, S.pool[S.a[i] + j])
+        else:
+            h = _h(_h(_h(_h(np.uint64(k), k), S.a[i]), S.b[i]), S.c[i])
+        slot = np.int64(h & np.uint64(hmask))
+        while htab[slot] != 0:
+            slot = (slot + 1) & hmask
+        htab[slot] = i + 1
+    dmask = dkey.shape[0] - 1
+    old = S.dkey
+    for s in range(old.shape[0]):
+        k1 = old[s]
+        if k1 == 0:
+            continue
+        slot = np.int64(_h(np.uint64(0), k1 - 1) & np.uint64(dmask))
+        while dkey[slot] != 0:
+            slot = (slot + 1) & dmask
+        dkey[slot] = k1
+        dval[slot] = S.dval[s]
+
+
+# ------------------------------------------------------------------------------ Python entries
+# Fixed signatures (int64 ids and counts, arrays read from the record's scratch), so that each is
+# called through its one compiled entry point (:class:`~.lexdfa.FastCall`). Each returns its
+# result (>= 0) with flags from bit :data:`FLAGS_SHIFT` on (:data:`NEW_NODES`: nodes the Python
+# mirrors lack; :data:`GROW_SOON`), or -1 when the store is out of room (see ``cnt[C_STATUS]``):
+# a call that needs nothing of Python costs one comparison there.
+FLAGS_SHIFT = 40
+NEW_NODES = 1 << FLAGS_SHIFT
+GROW_SOON = 2 << FLAGS_SHIFT
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _ret(S, r):
+    if r < 0:
+        return -1
+    if S.cnt[C_NODES] != S.cnt[C_SYNCED]:
+        r |= NEW_NODES
+    if S.cnt[C_GROW]:
+        r |= GROW_SOON
+    return r
+
+
+@njit(nogil=True, cache=True)
+def py_mk3(S, kind, a, b, c):
+    return _ret(S, mk3(S, kind, a, b, c))
+
+
+@njit(nogil=True, cache=True)
+def py_bytes(S):
+    """The byte set of the mask in ``S.tw[0]``."""
+    return _ret(S, mk_bytes(S, S.tw[0, 0], S.tw[0, 1], S.tw[0, 2], S.tw[0, 3]))
+
+
+@njit(nogil=True, cache=True)
+def py_alt(S, n):
+    return _ret(S, alt(S, S.xs[:n].copy(), n))
+
+
+@njit(nogil=True, cache=True)
+def py_intersect(S, n):
+    return _ret(S, intersect(S, S.xs[:n].copy(), n))
+
+
+@njit(nogil=True, cache=True)
+def py_concat2(S, a, b):
+    return _ret(S, concat2(S, a, b))
+
+
+@njit(nogil=True, cache=True)
+def py_complement(S, a):
+    return _ret(S, complement(S, a))
+
+
+@njit(nogil=True, cache=True)
+def py_repeat(S, a, lo, hi):
+    return _ret(S, repeat(S, a, lo, hi))
+
+
+@njit(nogil=True, cache=True)
+def py_concat(S, n):
+    """The concatenation of ``S.xs[:n]``, from the right."""
+    xs = S.xs[:n].copy()
+    r = xs[n - 1]
+    for j in range(n - 2, -1, -1):
+        r = concat2(S, xs[j], r)
+        if r < 0:
+            return -1
+    return _ret(S, r)
+
+
+@njit(nogil=True, cache=True)
+def py_alive(S, e, limit):
+    r = alive_search(S, e, limit)
+    if r == -2:
+        return -1
+    return _ret(S, r + 1)   # 0 undecided, 1 empty, 2 non-empty
+
+
+@njit(nogil=True, cache=True)
+def py_deriv(S, e, b):
+    return _ret(S, deriv(S, e, b))
+
+
+@njit(nogil=True, cache=True)
+def py_literal(S, data):
+    return _ret(S, literal(S, data))
+
+
+@njit(nogil=True, cache=True)
+def py_transitions(S, e):
+    return _ret(S, transitions_of(S, e))
