@@ -786,10 +786,14 @@ def _refine(parts, np_, w0, w1, w2, w3):
 
 @njit(nogil=True, cache=True)
 def _classes(S, e, parts, np_):
-    """Refine ``parts[:np_]`` by every byte mask that can be read first in ``e``."""
+    """Refine ``parts[:np_]`` by every byte mask that can be read first in ``e``. Each node is
+    visited once (expressions are DAGs: the parts of an intersection share their subterms)."""
     stack = np.empty(32, np.int64)
     stack[0] = e
     sp = 1
+    seen = np.zeros(64, np.int64)
+    seen_v = np.empty(64, np.int64)
+    ns_ = 0
     while sp > 0:
         sp -= 1
         x = stack[sp]
@@ -806,6 +810,16 @@ def _classes(S, e, parts, np_):
             nk = 1
         else:
             continue
+        if 2 * (ns_ + 1) > seen.shape[0]:
+            old = seen
+            seen = np.zeros(2 * old.shape[0], np.int64)
+            seen_v = np.empty(2 * old.shape[0], np.int64)
+            for q in range(old.shape[0]):
+                if old[q] != 0:
+                    _visit(seen, seen_v, old[q] - 1, 0)
+        if _visit(seen, seen_v, x, 0) >= 0:
+            continue
+        ns_ += 1
         while sp + nk > stack.shape[0]:
             stack = _grow1(stack)
         for j in range(nk):

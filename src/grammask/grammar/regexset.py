@@ -511,41 +511,16 @@ class ExprSet:
         if r is not None:
             return r
         r = self._alive_structural(e)
-        if r is not None:
-            self._alive[e] = r
-            return r
-        # a compiled walk over the derivatives first; past its bound, the walk below (which also
-        # stops at the states known here) decides, or gives up
-        r = self._call(_py_alive, e, self.max_alive_states)
-        if r:
-            r = self._alive[e] = r == 2
-            return r
-        parent = {e: -1}
-        todo = [e]
-        found = -1
-        while todo and found < 0:
-            x = todo.pop()
-            for m in self.byte_classes(x):
-                t = self.deriv(x, _lowbit(m))
-                if t == EMPTY or t in parent:
-                    continue
-                parent[t] = x
-                if self._nullable[t] or not self._has_bool[t] or self._alive.get(t):
-                    found = t
-                    break
-                if self._alive.get(t) is False:
-                    continue
-                if len(parent) > self.max_alive_states:
-                    raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
-                todo.append(t)
-        if found < 0:
-            for x in parent:
-                self._alive[x] = False
-            return False
-        while found >= 0:  # every state on the path to a non-empty state is non-empty
-            self._alive[found] = True
-            found = parent[found]
-        return True
+        if r is None:
+            # a compiled walk over the derivatives (nodestore.alive_search), which stops at the
+            # derivatives decided before (here or by earlier walks: the store keeps both)
+            r = self._call(_py_alive, e, self.max_alive_states)
+            if r == 0:
+                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+            r = r == 2
+        self._alive[e] = r
+        self._S.liv[e] = ns.LIVE if r else ns.DEAD
+        return r
 
     def _alive_structural(self, e: int) -> bool | None:
         """Emptiness from the structure where that is exact (None: explore the automaton).
