@@ -44,6 +44,9 @@ NEED_ROOM = 1   # the lexeme DFA arrays need room for more states: grow them and
 NODES_ROOM = 2  # the ExprSet's node store is out of room (or past its bound: see its status)
 ROWS_ROOM = 3   # ``first``/``count`` must cover more expression ids, or the entries are full
 PYTHON = 4      # an expression with an intersection or complement: stored by Python
+#: derivatives a compiled emptiness walk may meet for a target of a row stored in compiled code
+#: (:func:`store_transitions`); past it, Python stores the row
+BOOL_ROW_WALK = 16
 
 
 def _new_arrays(cap_exprs: int, cap_entries: int) -> RowArrays:
@@ -202,16 +205,36 @@ def store_transitions(S, A, es, start, rungs, out):
         for rung in range(rungs):
             if e < A.first.shape[0] and A.first[e] > 0:
                 break   # stored (a rung of an earlier ladder, or met twice)
-            if S.hb[e]:
-                if rung == 0:
-                    return PYTHON
-                break   # a rung Python stores when it is asked for
             if e >= A.first.shape[0]:
                 out[2] = 0
                 return ROWS_ROOM
             n = ns.transitions_of(S, e)
             if n < 0:
                 return NODES_ROOM
+            if S.hb[e]:
+                # targets with intersections or complements: those whose emptiness a short
+                # compiled walk decides are kept or dropped here; for any other, Python decides
+                # (its structural checks avoid exploring counters), and stores ``e``
+                k = 0
+                for j in range(n):
+                    t = S.tt[j]
+                    r = ns.alive_search(S, t, BOOL_ROW_WALK)
+                    if r == -2:
+                        return NODES_ROOM
+                    if r == -1:
+                        if rung == 0:
+                            return PYTHON
+                        n = -1   # a rung Python stores when it is asked for
+                        break
+                    if r == 1:
+                        if k != j:
+                            S.tt[k] = t
+                            for w in range(4):
+                                S.tw[k, w] = S.tw[j, w]
+                        k += 1
+                if n < 0:
+                    break
+                n = k
             used = A.cnt[0]
             if used + n > A.tgt.shape[0]:
                 out[2] = n
