@@ -41,8 +41,9 @@ from numba import njit
 
 from ..errors import GrammarTooComplexError
 from . import lexdfa, rowstore
+from . import nodestore as ns
 from .kstruct import kstruct
-from .lexdfa import FastCall, eager_expand, g_intern, grown, intern_members
+from .lexdfa import FastCall, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
 from .regexset import ExprSet, pack_ids
 
@@ -50,7 +51,7 @@ DEAD = -1
 UNKNOWN = lexdfa.UNKNOWN   # -2
 ALL_BYTES = (1 << 256) - 1
 _MASK_BYTES: dict[int, np.ndarray] = {}
-_eager_expand = FastCall(eager_expand)
+_eager_expand_rows = FastCall(rowstore.eager_expand_rows)
 _intern_members = FastCall(intern_members)
 _fill_stored_rows = FastCall(rowstore.fill_stored_rows)
 _g_intern = FastCall(g_intern)
@@ -273,6 +274,7 @@ class Lexer:
         self._ibuf = np.zeros(nl, np.int32)
         self._abuf = np.zeros(nl, np.int32)
         self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
+        self._rows_out = np.zeros(4, np.int64)   # rowstore.store_transitions' (and the stored count)
 
     def _reserve_g(self, k: int) -> None:
         X = self._X
@@ -398,10 +400,28 @@ class Lexer:
         cnt[8] = 0
         cnt[9] = 0
         cnt[10] = len(seeds)
+        ex = self.exprs
+        store = rowstore.row_store(ex)
+        out = self._rows_out
+        rungs = max(1, min(ladder, rowstore.MAX_LADDER))
         while True:
-            st, s = _eager_expand(budget, spec_rows, self.max_states, self.hard_max_states, self._X, self.trans,
-                                 self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._D,
-                                  self._buf, self._pbuf, self._ibuf, self._abuf)
+            if self._free_queue.shape[0] < EAGER_FREE_ROWS:
+                self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
+            S = ex._S
+            st, s = _eager_expand_rows(budget, spec_rows, self.max_states, self.hard_max_states, self._X,
+                                       self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex,
+                                       self._D, self._buf, self._pbuf, self._ibuf, self._abuf, S, store.arrays,
+                                       rungs, EAGER_FREE_ROWS, self._free_queue, out, rowstore.MAX_STORED_EXPRS)
+            # what the compiled rows added: the ExprSet's mirrors, the store's count, the bound
+            if S.cnt[ns.C_NODES] != S.cnt[ns.C_SYNCED]:
+                ex._sync()
+            if S.cnt[ns.C_GROW]:
+                ex._grow()
+            if out[3]:
+                store.added += int(out[3])
+                out[3] = 0
+                if len(ex) - self._base_nodes > MAX_GENERATION_NODES or int(self._X.g_cnt[0]) >= self.max_states:
+                    self.full = True
             if st == lexdfa.DONE:
                 self._after_eager(0)
                 return

@@ -25,6 +25,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from . import lexdfa
 from . import nodestore as ns
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown
@@ -342,3 +343,49 @@ def _write_row(g, e, X, S, queue, qn, free):
             queue[qn] = h
             qn += 1
     return qn
+
+
+@njit(nogil=True, cache=True)
+def _rows_inline(S, A, X, D, ladder, free, fqueue, out, max_stored):
+    """The DFA rows :func:`.lexdfa.eager_expand` asked for (``D.need``), built here when every
+    expression they need is stored by :func:`store_transitions` and the arrays have room; False
+    (nothing lost: what was stored stays) when Python must do it (``Lexer._fill_rows``)."""
+    n = D.cnt[8]
+    gs = np.unique(D.need[:n].astype(np.int64))
+    es = np.empty(gs.shape[0], np.int64)
+    for i in range(gs.shape[0]):
+        es[i] = X.g_expr[gs[i]]
+    if A.cnt[1] + es.shape[0] * ladder > max_stored:
+        return False   # Python starts the store over
+    st = store_transitions(S, A, es, 0, ladder, out)
+    out[3] += out[1]
+    if st != DONE:
+        return False
+    total = 0
+    for i in range(es.shape[0]):
+        e = es[i]
+        if e >= A.first.shape[0] or A.first[e] == 0:
+            return False
+        total += A.count[e]
+    if X.g_cnt[0] + total + free > X.g_null.shape[0]:
+        return False
+    st2, k = fill_stored_rows(gs, X, A, free, fqueue)
+    if st2 != DONE:
+        return False
+    D.cnt[8] = 0
+    return True
+
+
+@njit(nogil=True, cache=True)
+def eager_expand_rows(budget, spec_rows, max_states, hard_max, X, trans, state_acc, expanded, acc_off,
+                      acc_lex, D, buf, pbuf, ibuf, abuf, S, A, ladder, free, fqueue, out, max_stored):
+    """:func:`.lexdfa.eager_expand`, building the DFA rows it asks for in the same call where it
+    can (:func:`_rows_inline`): a lexer state's first visit then needs no round trip through
+    Python unless a row needs Python (an emptiness check the compiled walk leaves open) or an
+    array must grow. ``out[3]`` counts the expressions stored; past ``max_stored`` in the store
+    (:data:`MAX_STORED_EXPRS`) Python builds the rows, and starts the store over."""
+    while True:
+        st, s = lexdfa.eager_expand(budget, spec_rows, max_states, hard_max, X, trans, state_acc, expanded,
+                                    acc_off, acc_lex, D, buf, pbuf, ibuf, abuf)
+        if st != lexdfa.NEED_ROWS or not _rows_inline(S, A, X, D, ladder, free, fqueue, out, max_stored):
+            return st, s
