@@ -20,6 +20,12 @@ Node kinds
 
 Simplification keeps expressions canonical enough that derivative chains close quickly; language
 emptiness is exact (:meth:`ExprSet.alive` explores derivatives when AND/NOT are involved).
+
+The nodes, their construction and their derivatives live in a compiled store
+(:mod:`.nodestore`); the ``ExprSet`` keeps Python mirrors of the nodes (``kind``, ``args``, the
+flags) for the structural reasoning done here and in the slicer. Callers that may add nodes (any
+constructor, ``deriv``, ``transitions``, ``alive``) hold :attr:`ExprSet.lock`, as before: the
+store's tables and scratch arrays are written in place.
 """
 from __future__ import annotations
 
@@ -472,8 +478,8 @@ class ExprSet:
         return np.stack(rows), np.array([self.nullable(x) for x in order], dtype=np.bool_)
 
     def ladder_next(self, e: int, tr) -> int:
-        """The next rung of ``e`` when its transitions ``tr`` are those of a derivative-free
-        shape that a run of bytes walks down: ``c y`` (``c`` a byte set) reads ``c`` into ``y``;
+        """The next rung of ``e`` when its transitions ``tr`` are those of a shape that a run of
+        bytes walks down: ``c y`` (``c`` a byte set) reads ``c`` into ``y``;
         ``c{0,h} y`` (no byte of ``c`` starting ``y``, ``h`` finite) reads ``c`` into
         ``c{0,h-1} y``. -1 otherwise. The row store stores a whole ladder at once
         (:mod:`.rowstore`), so that a run of whitespace or the bytes of a key are walked by the

@@ -30,7 +30,7 @@ from . import nodestore as ns
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown
 
-#: rungs of a derivative-free ladder stored with its top at most (ExprSet.ladder_next; a chain
+#: rungs of a ladder (a run of bytes: ExprSet.ladder_next) stored with its top at most (a chain
 #: round asks for as many as the trie goes deep below its frontier)
 MAX_LADDER = 64
 #: expressions stored before the store starts over
