@@ -593,3 +593,16 @@ def test_row_tables_grow_past_their_reservation_without_filling(monkeypatch, eag
     ref = Lexer(ex, words, eager=False)
     seen = explore_same_automaton(lx, ref, s0, ref.start_state([0, 1, 2]), budget=0)
     assert len(seen) == lx.n_states == ref.n_states > 2048
+
+
+def test_store_past_its_node_bound_raises_a_typed_error():
+    """``max_nodes`` bounds the compiled store: past it a constructor raises
+    GrammarTooComplexError, and the Python mirrors still hold every node the store made (the set
+    goes on answering for them)."""
+    ex = ExprSet(max_nodes=60)
+    made = []
+    with pytest.raises(GrammarTooComplexError, match="exceed 60 nodes"):
+        for i in range(100):
+            made.append(ex.literal(f"key{i}"))
+    assert 40 <= len(ex) == len(ex.args) == len(ex._nullable) <= 60
+    assert made and all(ex.matches(e, f"key{i}") for i, e in enumerate(made))
