@@ -47,6 +47,8 @@ INF = -1
 #: ``cnt`` slots: nodes, pool entries, byte masks, hash entries, memoised derivatives, the status
 #: of the last call, the most nodes allowed, derivatives made (all time), "grow soon" flag
 C_NODES, C_POOL, C_BM, C_HT, C_DM, C_STATUS, C_MAX, C_DERIVS, C_GROW, C_SYNCED, C_POOL_NEED = range(11)
+#: new derivatives an emptiness walk may make per state of its bound (see :func:`alive_search`)
+WALK_DERIVS_PER_STATE = 32
 #: ``liv`` values
 LIVE = 1
 DEAD = 2
@@ -922,8 +924,12 @@ def _visit(keys, vals, x, v):
 def alive_search(S, e, limit):
     """Whether the language of ``e`` is non-empty, by a depth-first walk over its derivatives:
     1 when a derivative accepts the empty string, has no intersection or complement left, or is
-    known non-empty (then it is non-empty), 0 when none does, -1 when more than ``limit``
-    derivatives were met (undecided), -2 when the store is out of room. What a walk decides is
+    known non-empty (then it is non-empty), 0 when none does, -1 (undecided) when more than
+    ``limit`` derivatives were met or it made more than :data:`WALK_DERIVS_PER_STATE` new
+    derivatives a state of ``limit`` (the states of a product automaton can be large:
+    Handwritten---num1's ``multipleOf`` intersections made 6.4M derivatives before meeting 20,000
+    states, until the compile's memory bound stopped it after 7 s; Python's exploration had
+    stopped at 0.6M), -2 when the store is out of room. What a walk decides is
     kept for every derivative it met (``liv``): each one on the path to a non-empty derivative is
     non-empty; when none is found, all are empty. The lexer's next states are derivatives on
     that path, so their checks are then lookups."""
@@ -933,6 +939,7 @@ def alive_search(S, e, limit):
         return 1
     if S.liv[e] == DEAD:
         return 0
+    d_max = S.cnt[C_DERIVS] + WALK_DERIVS_PER_STATE * limit
     keys = np.zeros(256, np.int64)
     kv = np.zeros(256, np.int64)
     met = np.empty(64, np.int64)      # the derivatives met, in order
@@ -956,6 +963,8 @@ def alive_search(S, e, limit):
             t = deriv(S, x, _lowbit(parts[j, 0], parts[j, 1], parts[j, 2], parts[j, 3]))
             if t < 0:
                 return -2
+            if S.cnt[C_DERIVS] > d_max:
+                return -1
             if t == EMPTY or S.liv[t] == DEAD:
                 continue
             if 2 * (n + 1) > keys.shape[0]:
