@@ -11,10 +11,13 @@ grow, before the next step allocates more:
 =====================  =============================================  ===========================
 part                   charged by                                     estimate
 =====================  =============================================  ===========================
-``regex nodes``        ``ExprSet._mk``: a new hash-consed node        :data:`NODE_BYTES` each
-                       (counted, charged every :data:`NODE_BATCH`)
-``regex derivatives``  ``ExprSet.deriv``: a new memoised derivative   :data:`DERIV_BYTES` each
-                       (counted, charged every :data:`DERIV_BATCH`)
+``regex nodes``        ``ExprSet._sync``: the nodes the compiled      :data:`NODE_BYTES` each
+                       store (``nodestore``) made since the last
+                       call (counted, charged every
+                       :data:`NODE_BATCH`)
+``regex derivatives``  ``ExprSet._sync``: the derivatives the store   :data:`DERIV_BYTES` each
+                       memoised since (counted, charged every
+                       :data:`DERIV_BATCH`)
 ``grammar rules``      ``Grammar.nonterminal``/``define``/            :data:`RULE_BYTES` per rule,
                        ``add_alternative``                            :data:`ALT_BYTES` per
                                                                       alternative,

@@ -348,15 +348,9 @@ class ExprSet:
             return EMPTY
         if hi == 0:
             return EPS
-        if a == EMPTY:
-            return EPS if lo == 0 else EMPTY
-        if a == EPS:
-            return EPS
-        if lo == 1 and hi == 1:
-            return a
         if lo >= MAX_COUNT or hi >= MAX_COUNT:
             raise GrammarTooComplexError(f"repetition count {max(lo, hi)} is too large")
-        return self._call(_py_repeat, a, lo, hi)
+        return self._call(_py_repeat, a, lo, hi)   # simplified there (nodestore.repeat)
 
     def star(self, a: int) -> int:
         return self.repeat(a, 0, INF)
