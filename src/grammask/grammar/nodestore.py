@@ -41,6 +41,8 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from .lexdfa import _sort
+
 EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
 INF = -1
 
@@ -375,13 +377,7 @@ def _sorted_distinct(items, k):
         s = np.sort(items[:k])
     else:
         s = items
-        for j in range(1, k):
-            x = s[j]
-            i = j - 1
-            while i >= 0 and s[i] > x:
-                s[i + 1] = s[i]
-                i -= 1
-            s[i + 1] = x
+        _sort(s, k)
     m = 0
     for j in range(k):
         if j == 0 or s[j] != s[j - 1]:

@@ -319,12 +319,6 @@ class ExprSet:
         return self._list_call(_py_concat, xs)
 
     def _concat2(self, a: int, b: int) -> int:
-        if a == EMPTY or b == EMPTY:
-            return EMPTY
-        if a == EPS:
-            return b
-        if b == EPS:
-            return a
         return self._call(_py_concat2, a, b)
 
     def alt(self, *xs: int) -> int:
