@@ -41,7 +41,6 @@ from numba import njit
 
 from ..errors import GrammarTooComplexError
 from . import lexdfa, rowstore
-from . import nodestore as ns
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
@@ -311,8 +310,12 @@ class Lexer:
             if st == rowstore.DONE:
                 break
             arr, exprs = arr[k:], exprs[k:]   # NEED_ROOM: the rows before k are written
-        # the lexeme DFAs are bounded with the lexer states (1 KiB per row each)
-        if len(ex) - self._base_nodes > MAX_GENERATION_NODES or int(self._X.g_cnt[0]) >= self.max_states:
+        self._check_full()
+
+    def _check_full(self) -> None:
+        """Mark the generation full past its nodes or its lexeme DFA states (the lexeme DFAs are
+        bounded with the lexer states: 1 KiB per row each)."""
+        if len(self.exprs) - self._base_nodes > MAX_GENERATION_NODES or int(self._X.g_cnt[0]) >= self.max_states:
             self.full = True
 
     def _eager_intern(self, gs: list[int]) -> int:
@@ -404,24 +407,19 @@ class Lexer:
         store = rowstore.row_store(ex)
         out = self._rows_out
         rungs = max(1, min(ladder, rowstore.MAX_LADDER))
+        if self._free_queue.shape[0] < EAGER_FREE_ROWS:
+            self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
         while True:
-            if self._free_queue.shape[0] < EAGER_FREE_ROWS:
-                self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
-            S = ex._S
             st, s = _eager_expand_rows(budget, spec_rows, self.max_states, self.hard_max_states, self._X,
                                        self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex,
-                                       self._D, self._buf, self._pbuf, self._ibuf, self._abuf, S, store.arrays,
+                                       self._D, self._buf, self._pbuf, self._ibuf, self._abuf, ex._S, store.arrays,
                                        rungs, EAGER_FREE_ROWS, self._free_queue, out, rowstore.MAX_STORED_EXPRS)
             # what the compiled rows added: the ExprSet's mirrors, the store's count, the bound
-            if S.cnt[ns.C_NODES] != S.cnt[ns.C_SYNCED]:
-                ex._sync()
-            if S.cnt[ns.C_GROW]:
-                ex._grow()
+            ex._settle()
             if out[3]:
                 store.added += int(out[3])
                 out[3] = 0
-                if len(ex) - self._base_nodes > MAX_GENERATION_NODES or int(self._X.g_cnt[0]) >= self.max_states:
-                    self.full = True
+                self._check_full()
             if st == lexdfa.DONE:
                 self._after_eager(0)
                 return

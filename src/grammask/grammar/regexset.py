@@ -161,19 +161,33 @@ class ExprSet:
 
     def _after(self, r: int, fn, args) -> int:
         while r < 0:
-            cnt = self._S.cnt
-            st = cnt[ns.C_STATUS]
-            cnt[ns.C_STATUS] = ns.DONE
-            if st == ns.TOO_MANY:
-                self._sync()
-                raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
-            self._grow()
+            self._make_room()
             r = fn(self._S, *args)
         if r & ns.GROW_SOON:
             self._grow()
         if r & ns.NEW_NODES:
             self._sync()
         return r & (ns.NEW_NODES - 1)
+
+    def _make_room(self) -> None:
+        """After a kernel stopped for want of room (its status): grow the store, or raise past
+        ``max_nodes``."""
+        cnt = self._S.cnt
+        st = cnt[ns.C_STATUS]
+        cnt[ns.C_STATUS] = ns.DONE
+        if st == ns.TOO_MANY:
+            self._sync()
+            raise GrammarTooComplexError(f"regular expressions exceed {self.max_nodes} nodes")
+        self._grow()
+
+    def _settle(self) -> None:
+        """After a kernel that writes the store and returns no flags (the row store's, the
+        lexer's): the mirrors brought up to date, and the store grown if it asked to be."""
+        cnt = self._S.cnt
+        if cnt[ns.C_NODES] != cnt[ns.C_SYNCED]:
+            self._sync()
+        if cnt[ns.C_GROW]:
+            self._grow()
 
     def _grow(self) -> None:
         """A new store record where an array is half full (tables rehashed)."""

@@ -100,20 +100,16 @@ class RowStore:
         out = self._out
         i = 0
         while i < arr.shape[0]:
-            S = ex._S
-            st = _store_transitions(S, self.arrays, arr, i, rungs, out)
+            st = _store_transitions(ex._S, self.arrays, arr, i, rungs, out)
             i = int(out[0])
             self.added += int(out[1])
-            if S.cnt[ns.C_NODES] != S.cnt[ns.C_SYNCED]:
-                ex._sync()
-            if S.cnt[ns.C_GROW]:
-                ex._grow()
+            ex._settle()
             if st == DONE:
                 break
             if st == NODES_ROOM:
-                ex._after(-1, _noop, ())
+                ex._make_room()
             elif st == ROWS_ROOM:
-                self._room(int(out[2]), int(S.cnt[ns.C_NODES]))
+                self._room(int(out[2]), len(ex))
             else:   # PYTHON: the expression at ``i``, and its ladder
                 self._ensure_py(ex, int(arr[i]), rungs)
                 i += 1
@@ -260,9 +256,6 @@ def store_transitions(S, A, es, start, rungs, out):
 
 _store_transitions = FastCall(store_transitions)
 
-
-def _noop(S):
-    return 0
 
 
 def row_store(exprs) -> RowStore:
