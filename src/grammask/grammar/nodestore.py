@@ -29,10 +29,20 @@ so the work done before the stop is found again, not repeated)
     the derivative memo, open addressing: ``(e << 8 | byte) + 1`` and the derivative.
 ``cnt``
     counters, see the ``C_*`` constants.
-``xs``, ``tw``, ``tt``, ``fr``, ``vals``, ``arena``
+``xs``, ``tw``, ``tt``, ``fr``, ``vals``, ``arena``, ``wk``, ``wparts``
     scratch: the expressions of a union or intersection asked for from Python; the byte class
     masks and targets of :func:`transitions_of`; the frames, values and intersection checks of
-    :func:`deriv` (a call that needs more works on larger copies of its own).
+    :func:`deriv`; one row of ``wk`` per other use (the ``W_*`` constants) and the classes of
+    :func:`alive_search`. A call that needs more works on larger copies of its own.
+``mark``, ``mark2``
+    per node, the last walk that met it (:func:`_classes`; :func:`alive_search`): a walk
+    stamps the nodes it meets with its own number (``cnt[C_EPOCH]``, ``cnt[C_EPOCH2]``), so
+    "met already" is one read, with nothing to clear or allocate per walk.
+
+The kernels read the arrays they use out of the record once, into locals, before their loops:
+a field read inside a loop can cost two atomic reference-count updates per iteration, where
+Numba cannot prove them redundant (``NRT_incref``/``NRT_decref`` were 7% of a MaskBench pass,
+half of it here), and they allocate nothing on their common paths (the ``wk`` rows).
 """
 from __future__ import annotations
 
@@ -48,7 +58,15 @@ INF = -1
 
 #: ``cnt`` slots: nodes, pool entries, byte masks, hash entries, memoised derivatives, the status
 #: of the last call, the most nodes allowed, derivatives made (all time), "grow soon" flag
-C_NODES, C_POOL, C_BM, C_HT, C_DM, C_STATUS, C_MAX, C_DERIVS, C_GROW, C_SYNCED, C_POOL_NEED = range(11)
+C_NODES, C_POOL, C_BM, C_HT, C_DM, C_STATUS, C_MAX, C_DERIVS, C_GROW, C_SYNCED, C_POOL_NEED, C_EPOCH, C_EPOCH2 = \
+    range(13)
+#: rows of the ``wk`` scratch: the stack of :func:`_classes`; the parts and stack of
+#: :func:`concat2`; the children and stack of :func:`_flat`; the items of :func:`alt` and
+#: :func:`_isect_prep`; the pair of :func:`_derived`; the derivatives met, their parents and the
+#: stack of :func:`alive_search`
+W_CLS, W_CAT, W_CAT_STACK, W_FLAT, W_FLAT_STACK, W_ITEMS, W_TWO, W_MET, W_PARENT, W_STACK = range(10)
+#: the length of a ``wk`` row
+WK = 256
 #: new derivatives an emptiness walk may make per state of its bound (see :func:`alive_search`)
 WALK_DERIVS_PER_STATE = 32
 #: ``liv`` values
@@ -59,7 +77,8 @@ DONE = 0
 NEED_ROOM = 1
 TOO_MANY = 2
 
-NodeArrays = namedtuple("NodeArrays", "kind a b c nul hb liv pool bm htab dkey dval cnt xs tw tt fr vals arena")
+NodeArrays = namedtuple("NodeArrays",
+                        "kind a b c nul hb liv mark mark2 pool bm htab dkey dval cnt xs tw tt fr vals arena wk wparts")
 
 
 def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks: int = 256,
@@ -69,12 +88,12 @@ def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks:
     return NodeArrays(
         kind=np.zeros(nodes, np.uint8), a=np.zeros(nodes, np.int64), b=np.zeros(nodes, np.int64),
         c=np.zeros(nodes, np.int64), nul=np.zeros(nodes, np.uint8), hb=np.zeros(nodes, np.uint8),
-        liv=np.zeros(nodes, np.uint8),
+        liv=np.zeros(nodes, np.uint8), mark=np.zeros(nodes, np.int32), mark2=np.zeros(nodes, np.int32),
         pool=np.zeros(pool, np.int64), bm=np.zeros((masks, 4), np.uint64),
         htab=np.zeros(table, np.int64), dkey=np.zeros(memo, np.int64), dval=np.zeros(memo, np.int64),
         cnt=cnt, xs=np.zeros(scratch, np.int64), tw=np.zeros((256, 4), np.uint64),
         tt=np.zeros(256, np.int64), fr=np.zeros((256, 4), np.int64), vals=np.zeros(256, np.int64),
-        arena=np.zeros(256, np.int64))
+        arena=np.zeros(256, np.int64), wk=np.zeros((10, WK), np.int64), wparts=np.zeros((256, 4), np.uint64))
 
 
 # ------------------------------------------------------------------------------ hashing
@@ -139,12 +158,16 @@ def mk3(S, kind, a, b, c):
     """The node ``(kind, a, b, c)`` of a kind without children in the pool (EMPTY, EPS, CONCAT,
     NOT, REPEAT), made if new, without simplification; -1 when the store is out of room."""
     h = _h(_h(_h(_h(np.uint64(kind), kind), a), b), c)
-    mask = S.htab.shape[0] - 1
-    slot = np.int64(h & np.uint64(mask))
     ht = S.htab
+    sk = S.kind
+    sa = S.a
+    sb = S.b
+    sc = S.c
+    mask = ht.shape[0] - 1
+    slot = np.int64(h & np.uint64(mask))
     while ht[slot] != 0:
         i = ht[slot] - 1
-        if S.kind[i] == kind and S.a[i] == a and S.b[i] == b and S.c[i] == c:
+        if sk[i] == kind and sa[i] == a and sb[i] == b and sc[i] == c:
             return i
         slot = (slot + 1) & mask
     if not _room(S, 0, 0):
@@ -175,14 +198,16 @@ def mk_bytes(S, w0, w1, w2, w3):
     if w0 == 0 and w1 == 0 and w2 == 0 and w3 == 0:
         return EMPTY
     h = _hw(_hw(_hw(_hw(np.uint64(BYTES), w0), w1), w2), w3)
-    mask = S.htab.shape[0] - 1
-    slot = np.int64(h & np.uint64(mask))
     ht = S.htab
     bm = S.bm
+    sk = S.kind
+    sa = S.a
+    mask = ht.shape[0] - 1
+    slot = np.int64(h & np.uint64(mask))
     while ht[slot] != 0:
         i = ht[slot] - 1
-        if S.kind[i] == BYTES:
-            r = S.a[i]
+        if sk[i] == BYTES:
+            r = sa[i]
             if bm[r, 0] == w0 and bm[r, 1] == w1 and bm[r, 2] == w2 and bm[r, 3] == w3:
                 return i
         slot = (slot + 1) & mask
@@ -207,14 +232,17 @@ def _mk_list(S, kind, ch, n):
     h = _h(np.uint64(kind), n)
     for j in range(n):
         h = _h(h, ch[j])
-    mask = S.htab.shape[0] - 1
-    slot = np.int64(h & np.uint64(mask))
     ht = S.htab
     pool = S.pool
+    sk = S.kind
+    sa = S.a
+    sb = S.b
+    mask = ht.shape[0] - 1
+    slot = np.int64(h & np.uint64(mask))
     while ht[slot] != 0:
         i = ht[slot] - 1
-        if S.kind[i] == kind and S.b[i] == n:
-            o = S.a[i]
+        if sk[i] == kind and sb[i] == n:
+            o = sa[i]
             same = True
             for j in range(n):
                 if pool[o + j] != ch[j]:
@@ -260,9 +288,11 @@ def concat2(S, a, b):
         return mk3(S, CONCAT, a, b, 0)
     # the parts of ``a`` that are not concatenations, in order (no recursion: the kernels are
     # cached, and Numba's cache does not keep recursive functions)
-    parts = np.empty(16, np.int64)
+    sa = S.a
+    sb = S.b
+    parts = S.wk[W_CAT]
     k = 0
-    stack = np.empty(16, np.int64)
+    stack = S.wk[W_CAT_STACK]
     stack[0] = a
     sp = 1
     while sp > 0:
@@ -271,8 +301,8 @@ def concat2(S, a, b):
         if kind[x] == CONCAT:
             if sp + 2 > stack.shape[0]:
                 stack = _grow1(stack)
-            stack[sp] = S.b[x]
-            stack[sp + 1] = S.a[x]
+            stack[sp] = sb[x]
+            stack[sp + 1] = sa[x]
             sp += 2
         else:
             if k == parts.shape[0]:
@@ -318,17 +348,24 @@ def repeat(S, a, lo, hi):
 @njit(nogil=True, cache=True)
 def _flat(S, xs, n, kind):
     """The children of ``xs[:n]`` with nested ``kind`` nodes (OR/AND) opened, in an array
-    (unsorted, with repeats) and their count."""
+    (unsorted, with repeats; a ``wk`` row when it fits) and their count."""
+    sk = S.kind
+    sa = S.a
+    sb = S.b
+    pool = S.pool
     m = 0
     for j in range(n):
         x = xs[j]
-        m += S.b[x] if S.kind[x] == kind else 1
-    out = np.empty(max(m, 1), np.int64)
-    stack = np.empty(max(m, 1), np.int64)
+        m += sb[x] if sk[x] == kind else 1
+    out = S.wk[W_FLAT]
+    stack = S.wk[W_FLAT_STACK]
+    if m > WK:
+        out = np.empty(m, np.int64)
+        stack = np.empty(m, np.int64)
     k = 0
     for j in range(n):
         x = xs[j]
-        if S.kind[x] != kind:
+        if sk[x] != kind:
             if k == out.shape[0]:
                 out = _grow1(out)
             out[k] = x
@@ -340,12 +377,12 @@ def _flat(S, xs, n, kind):
         while sp > 0:
             sp -= 1
             y = stack[sp]
-            if S.kind[y] == kind:
-                o = S.a[y]
-                for t in range(S.b[y]):
+            if sk[y] == kind:
+                o = sa[y]
+                for t in range(sb[y]):
                     if sp == stack.shape[0]:
                         stack = _grow1(stack)
-                    stack[sp] = S.pool[o + t]
+                    stack[sp] = pool[o + t]
                     sp += 1
             else:
                 if k == out.shape[0]:
@@ -390,23 +427,26 @@ def _sorted_distinct(items, k):
 def alt(S, xs, n):
     """The union of ``xs[:n]``: nested unions opened, byte sets merged, EMPTY dropped, EPS
     dropped beside a nullable part, sorted and distinct."""
-    if n == 1 and S.kind[xs[0]] != OR:
+    sk = S.kind
+    if n == 1 and sk[xs[0]] != OR:
         return xs[0]
+    sa = S.a
+    bm = S.bm
     flat, k = _flat(S, xs, n, OR)
-    items = np.empty(k + 1, np.int64)
+    items = S.wk[W_ITEMS] if k + 1 <= WK else np.empty(k + 1, np.int64)
     m = 0
     w0 = w1 = w2 = w3 = np.uint64(0)
     for j in range(k):
         x = flat[j]
-        kx = S.kind[x]
+        kx = sk[x]
         if kx == EMPTY:
             continue
         if kx == BYTES:
-            r = S.a[x]
-            w0 |= S.bm[r, 0]
-            w1 |= S.bm[r, 1]
-            w2 |= S.bm[r, 2]
-            w3 |= S.bm[r, 3]
+            r = sa[x]
+            w0 |= bm[r, 0]
+            w1 |= bm[r, 1]
+            w2 |= bm[r, 2]
+            w3 |= bm[r, 3]
         else:
             items[m] = x
             m += 1
@@ -420,8 +460,9 @@ def alt(S, xs, n):
         return EMPTY
     s, m = _sorted_distinct(items, m)
     if m > 1 and s[0] == EPS:   # EPS is id 1: first unless EMPTY (dropped)
+        nul = S.nul
         for j in range(1, m):
-            if S.nul[s[j]]:
+            if nul[s[j]]:
                 s = s[1:]
                 m -= 1
                 break
@@ -432,57 +473,65 @@ def alt(S, xs, n):
 
 @njit(nogil=True, cache=True)
 def _isect_prep(S, xs, n):
-    """The first half of an intersection of ``xs[:n]``: ``(result, items, m, has_mask, w)``,
+    """The first half of an intersection of ``xs[:n]``: ``(result, items, m, w0, w1, w2, w3)``,
     ``result`` >= 0 when it is decided already (or -1 out of room), else -2 with the parts
-    ``items[:m]`` left and the byte mask ``w`` of the byte-set parts (``has_mask``)."""
+    ``items[:m]`` left (a ``wk`` row: the caller copies what it keeps before it derives) and the
+    byte mask ``w0..w3`` of the byte-set parts."""
+    sk = S.kind
+    sa = S.a
+    bm = S.bm
     flat, k = _flat(S, xs, n, AND)
-    items = np.empty(k + 1, np.int64)
-    w = np.empty(4, np.uint64)
-    w[:] = ~np.uint64(0)
+    items = S.wk[W_ITEMS] if k + 1 <= WK else np.empty(k + 1, np.int64)
+    w0 = w1 = w2 = w3 = ~np.uint64(0)
     has_mask = False
     m = 0
     for j in range(k):
         x = flat[j]
-        kx = S.kind[x]
+        kx = sk[x]
         if kx == EMPTY:
-            return EMPTY, items, 0, False, w
-        if kx == NOT and S.a[x] == EMPTY:
+            return EMPTY, items, 0, w0, w1, w2, w3
+        if kx == NOT and sa[x] == EMPTY:
             continue   # universal
         if kx == BYTES:
-            r = S.a[x]
-            for t in range(4):
-                w[t] &= S.bm[r, t]
+            r = sa[x]
+            w0 &= bm[r, 0]
+            w1 &= bm[r, 1]
+            w2 &= bm[r, 2]
+            w3 &= bm[r, 3]
             has_mask = True
         else:
             items[m] = x
             m += 1
     if has_mask:
-        if not (w[0] | w[1] | w[2] | w[3]):
-            return EMPTY, items, 0, False, w
-        return -2, items, m, True, w
+        if not (w0 | w1 | w2 | w3):
+            return EMPTY, items, 0, w0, w1, w2, w3
+        return -2, items, m, w0, w1, w2, w3
     if m == 0:
-        return complement(S, EMPTY), items, 0, False, w
+        return complement(S, EMPTY), items, 0, w0, w1, w2, w3
     s, m = _sorted_distinct(items, m)
     if s[0] == EPS or (m > 1 and s[1] == EPS):
+        nul = S.nul
         for j in range(m):
-            if not S.nul[s[j]]:
-                return EMPTY, s, 0, False, w
-        return EPS, s, 0, False, w
+            if not nul[s[j]]:
+                return EMPTY, s, 0, w0, w1, w2, w3
+        return EPS, s, 0, w0, w1, w2, w3
     if m == 1:
-        return s[0], s, 1, False, w
-    return _mk_list(S, AND, s, m), s, m, False, w
+        return s[0], s, 1, w0, w1, w2, w3
+    return _mk_list(S, AND, s, m), s, m, w0, w1, w2, w3
 
 
 @njit(nogil=True, cache=True)
-def _memo_get(S, key):
-    dk = S.dkey
+def _memo_find(dk, dv, key):
+    """The memoised derivative of ``key`` in the memo ``dk``/``dv`` (the record's
+    ``dkey``/``dval``), or -1."""
     dmask = dk.shape[0] - 1
     slot = np.int64(_h(np.uint64(0), key) & np.uint64(dmask))
     while dk[slot] != 0:
         if dk[slot] == key + 1:
-            return S.dval[slot]
+            return dv[slot]
         slot = (slot + 1) & dmask
     return -1
+
 
 
 @njit(nogil=True, cache=True)
@@ -524,7 +573,7 @@ def _derived(S, e, byte, vals, nv):
             return dy
         if dy == EMPTY:
             return r
-        two = np.empty(2, np.int64)
+        two = S.wk[W_TWO]
         two[0] = r
         two[1] = dy
         return alt(S, two, 2)
@@ -552,12 +601,19 @@ def deriv(S, e, byte):
     whose parts' derivatives include byte sets goes on to phase 2, which checks the bytes left
     one (byte, part) pair at a time (stopping at the first part that rejects the byte, as the
     memoised derivatives it needs are asked for one by one)."""
-    r = _memo_get(S, e << 8 | byte)
+    dk = S.dkey
+    dv = S.dval
+    r = _memo_find(dk, dv, e << 8 | byte)
     if r >= 0:
         return r
     fr = S.fr         # frames: expression, byte, phase, arena offset (or first value)
     vals = S.vals     # finished derivatives
     arena = S.arena   # phase 2: [m, next byte, next part, keep0..3, w0..3, items...]
+    sa = S.a
+    sb = S.b
+    pool = S.pool
+    nul = S.nul
+    bm = S.bm
     fr[0, 0] = e
     fr[0, 1] = byte
     fr[0, 2] = 0
@@ -572,13 +628,13 @@ def deriv(S, e, byte):
         b = fr[f, 1]
         ph = fr[f, 2]
         if ph == 0:
-            r = _memo_get(S, x << 8 | b)
+            r = _memo_find(dk, dv, x << 8 | b)
             if r < 0:
                 k = kind[x]
                 if k == EMPTY or k == EPS:
                     r = EMPTY
                 elif k == BYTES:
-                    r = EPS if (S.bm[S.a[x], b >> 6] >> np.uint64(b & 63)) & np.uint64(1) else EMPTY
+                    r = EPS if (bm[sa[x], b >> 6] >> np.uint64(b & 63)) & np.uint64(1) else EMPTY
                 if r >= 0 and not _memo_put(S, x << 8 | b, r):
                     return -1
             if r >= 0:
@@ -593,21 +649,21 @@ def deriv(S, e, byte):
             fr[f, 2] = 1
             fr[f, 3] = nv
             if k == CONCAT:
-                y = S.a[x]
-                nk = 2 if S.nul[y] else 1
+                y = sa[x]
+                nk = 2 if nul[y] else 1
             elif k == OR or k == AND:
-                nk = S.b[x]
+                nk = sb[x]
             else:
                 nk = 1
             while nf + nk > fr.shape[0]:
                 fr = _grow_rows(fr)
             for j in range(nk - 1, -1, -1):
                 if k == CONCAT:
-                    c = S.a[x] if j == 0 else S.b[x]
+                    c = sa[x] if j == 0 else sb[x]
                 elif k == OR or k == AND:
-                    c = S.pool[S.a[x] + j]
+                    c = pool[sa[x] + j]
                 else:
-                    c = S.a[x]
+                    c = sa[x]
                 fr[nf, 0] = c
                 fr[nf, 1] = b
                 fr[nf, 2] = 0
@@ -618,7 +674,7 @@ def deriv(S, e, byte):
             v0 = fr[f, 3]
             nk = nv - v0
             if kind[x] == AND:
-                r, items, m, has_mask, w = _isect_prep(S, vals[v0:nv].copy(), nk)
+                r, items, m, w0, w1, w2, w3 = _isect_prep(S, vals[v0:nv], nk)
                 nv = v0
                 if r == -2:
                     # phase 2: the bytes of ``w`` that every part of ``items`` accepts alone
@@ -631,7 +687,10 @@ def deriv(S, e, byte):
                     arena[o + 2] = 0
                     for t in range(4):
                         arena[o + 3 + t] = 0
-                        arena[o + 7 + t] = np.int64(w[t])
+                    arena[o + 7] = np.int64(w0)
+                    arena[o + 8] = np.int64(w1)
+                    arena[o + 9] = np.int64(w2)
+                    arena[o + 10] = np.int64(w3)
                     for j in range(m):
                         arena[o + 11 + j] = items[j]
                     na += need
@@ -656,7 +715,7 @@ def deriv(S, e, byte):
             nv -= 1
             d = vals[nv]
             fr[f, 2] = 2
-            if S.nul[d]:
+            if nul[d]:
                 arena[o + 2] += 1
             else:
                 arena[o + 1] += 1
@@ -674,7 +733,7 @@ def deriv(S, e, byte):
                 arena[o + 1] += 1
                 arena[o + 2] = 0
                 continue
-            d = _memo_get(S, arena[o + 11 + j] << 8 | c)
+            d = _memo_find(dk, dv, arena[o + 11 + j] << 8 | c)
             if d < 0:
                 if nf == fr.shape[0]:
                     fr = _grow_rows(fr)
@@ -686,7 +745,7 @@ def deriv(S, e, byte):
                 nf += 1
                 pushed = True
                 break
-            if S.nul[d]:
+            if nul[d]:
                 arena[o + 2] += 1
             else:
                 arena[o + 1] += 1
@@ -710,7 +769,8 @@ def deriv(S, e, byte):
 def _keep_bytes(S, items, m, w):
     """The end of an intersection with byte-set parts ``w``: the bytes every other part of
     ``items[:m]`` accepts as a one-byte string."""
-    keep = np.zeros(4, np.uint64)
+    nul = S.nul
+    k0 = k1 = k2 = k3 = np.uint64(0)
     for b in range(256):
         if not (w[b >> 6] >> np.uint64(b & 63)) & np.uint64(1):
             continue
@@ -719,19 +779,34 @@ def _keep_bytes(S, items, m, w):
             d = deriv(S, items[j], b)
             if d < 0:
                 return -1
-            if not S.nul[d]:
+            if not nul[d]:
                 ok = False
                 break
         if ok:
-            keep[b >> 6] |= np.uint64(1) << np.uint64(b & 63)
-    return mk_bytes(S, keep[0], keep[1], keep[2], keep[3])
+            bit = np.uint64(1) << np.uint64(b & 63)
+            q = b >> 6
+            if q == 0:
+                k0 |= bit
+            elif q == 1:
+                k1 |= bit
+            elif q == 2:
+                k2 |= bit
+            else:
+                k3 |= bit
+    return mk_bytes(S, k0, k1, k2, k3)
 
 
 @njit(nogil=True, cache=True)
 def intersect(S, xs, n):
-    r, items, m, has_mask, w = _isect_prep(S, xs, n)
+    r, items, m, w0, w1, w2, w3 = _isect_prep(S, xs, n)
     if r == -2:
-        r = _keep_bytes(S, items, m, w)
+        # the items out of their scratch row: the derivatives below use it
+        w = np.empty(4, np.uint64)
+        w[0] = w0
+        w[1] = w1
+        w[2] = w2
+        w[3] = w3
+        r = _keep_bytes(S, items[:m].copy(), m, w)
     return r
 
 
@@ -739,11 +814,12 @@ def intersect(S, xs, n):
 def literal(S, data):
     """The concatenation of the bytes of ``data`` (uint8)."""
     e = EPS
+    z = np.uint64(0)
     for j in range(data.shape[0] - 1, -1, -1):
         b = data[j]
-        w = np.zeros(4, np.uint64)
-        w[b >> 6] = np.uint64(1) << np.uint64(b & 63)
-        x = mk_bytes(S, w[0], w[1], w[2], w[3])
+        bit = np.uint64(1) << np.uint64(b & 63)
+        q = b >> 6
+        x = mk_bytes(S, bit if q == 0 else z, bit if q == 1 else z, bit if q == 2 else z, bit if q == 3 else z)
         if x < 0:
             return -1
         e = x if e == EPS else mk3(S, CONCAT, x, e, 0)
@@ -753,6 +829,18 @@ def literal(S, data):
 
 
 # ------------------------------------------------------------------------------ byte classes
+@njit(nogil=True, cache=True)
+def _epoch(cnt, slot, mark):
+    """A new walk number for the marks ``mark`` (``cnt[slot]`` the last one; the marks are
+    cleared when the numbers run out)."""
+    ep = cnt[slot] + 1
+    if ep >= 0x7FFFFFFF:
+        mark[:] = 0
+        ep = 1
+    cnt[slot] = ep
+    return np.int32(ep)
+
+
 @njit(nogil=True, cache=True)
 def _refine(parts, np_, w0, w1, w2, w3):
     """Split each class of ``parts[:np_]`` by the mask ``w``; the new count."""
@@ -786,61 +874,78 @@ def _refine(parts, np_, w0, w1, w2, w3):
 def _classes(S, e, parts, np_):
     """Refine ``parts[:np_]`` by every byte mask that can be read first in ``e``. Each node is
     visited once (expressions are DAGs: the parts of an intersection share their subterms)."""
-    stack = np.empty(32, np.int64)
+    kind = S.kind
+    sa = S.a
+    sb = S.b
+    nul = S.nul
+    pool = S.pool
+    bm = S.bm
+    mark = S.mark
+    ep = _epoch(S.cnt, C_EPOCH, mark)
+    stack = S.wk[W_CLS]
     stack[0] = e
     sp = 1
-    seen = np.zeros(64, np.int64)
-    seen_v = np.empty(64, np.int64)
-    ns_ = 0
     while sp > 0:
         sp -= 1
         x = stack[sp]
-        k = S.kind[x]
+        k = kind[x]
         if k == BYTES:
-            r = S.a[x]
-            np_ = _refine(parts, np_, S.bm[r, 0], S.bm[r, 1], S.bm[r, 2], S.bm[r, 3])
+            r = sa[x]
+            np_ = _refine(parts, np_, bm[r, 0], bm[r, 1], bm[r, 2], bm[r, 3])
             continue
         if k == CONCAT:
-            nk = 2 if S.nul[S.a[x]] else 1
+            nk = 2 if nul[sa[x]] else 1
         elif k == OR or k == AND:
-            nk = S.b[x]
+            nk = sb[x]
         elif k == NOT or k == REPEAT:
             nk = 1
         else:
             continue
-        if 2 * (ns_ + 1) > seen.shape[0]:
-            old = seen
-            seen = np.zeros(2 * old.shape[0], np.int64)
-            seen_v = np.empty(2 * old.shape[0], np.int64)
-            for q in range(old.shape[0]):
-                if old[q] != 0:
-                    _visit(seen, seen_v, old[q] - 1, 0)
-        if _visit(seen, seen_v, x, 0) >= 0:
+        if mark[x] == ep:
             continue
-        ns_ += 1
+        mark[x] = ep
         while sp + nk > stack.shape[0]:
             stack = _grow1(stack)
         for j in range(nk):
             if k == CONCAT:
-                stack[sp] = S.a[x] if j == 0 else S.b[x]
+                stack[sp] = sa[x] if j == 0 else sb[x]
             elif k == OR or k == AND:
-                stack[sp] = S.pool[S.a[x] + j]
+                stack[sp] = pool[sa[x] + j]
             else:
-                stack[sp] = S.a[x]
+                stack[sp] = sa[x]
             sp += 1
     return np_
 
 
+def _debruijn_table() -> np.ndarray:
+    t = np.zeros(64, np.int64)
+    for i in range(64):
+        t[((1 << i) * DEBRUIJN64 & (2 ** 64 - 1)) >> 58] = i
+    return t
+
+
+#: a de Bruijn sequence: ``(x & -x) * DEBRUIJN64 >> 58`` is distinct for each bit of ``x``
+DEBRUIJN64 = 0x03F79D71B4CB0A89
+_CTZ = _debruijn_table()
+
+
+@njit(nogil=True, cache=True, inline="always")
+def ctz64(x):
+    """The index of the lowest set bit of the uint64 ``x`` (not 0)."""
+    return _CTZ[((x & (~x + np.uint64(1))) * np.uint64(DEBRUIJN64)) >> np.uint64(58)]
+
+
 @njit(nogil=True, cache=True)
 def _lowbit(w0, w1, w2, w3):
-    ws = (w0, w1, w2, w3)
-    for t in range(4):
-        w = ws[t]
-        if w:
-            b = 0
-            while not (w >> np.uint64(b)) & np.uint64(1):
-                b += 1
-            return 64 * t + b
+    """The lowest byte of the mask ``w0..w3``, or -1."""
+    if w0:
+        return ctz64(w0)
+    if w1:
+        return 64 + ctz64(w1)
+    if w2:
+        return 128 + ctz64(w2)
+    if w3:
+        return 192 + ctz64(w3)
     return -1
 
 
@@ -851,6 +956,7 @@ def transitions_of(S, e):
     the targets; returns ``n`` (-1: out of room). Emptiness of targets with intersections or
     complements is the caller's to decide."""
     parts = S.tw
+    tt = S.tt
     parts[0, :] = ~np.uint64(0)
     np_ = _classes(S, e, parts, 1)
     n = 0
@@ -862,8 +968,9 @@ def transitions_of(S, e):
         if t == EMPTY:
             continue
         if n != j:
-            parts[n, :] = parts[j, :]
-        S.tt[n] = t
+            for w in range(4):
+                parts[n, w] = parts[j, w]
+        tt[n] = t
         n += 1
     return n
 
@@ -902,21 +1009,6 @@ def ladder_next(S, e, n):
 
 # ------------------------------------------------------------------------------ emptiness
 @njit(nogil=True, cache=True)
-def _visit(keys, vals, x, v):
-    """Find ``x`` in the open-addressing map ``keys`` (ids + 1) -> ``vals``: its value, or
-    (when absent) -1 after adding it with the value ``v``."""
-    mask = keys.shape[0] - 1
-    slot = np.int64(_h(np.uint64(0), x) & np.uint64(mask))
-    while keys[slot] != 0:
-        if keys[slot] == x + 1:
-            return vals[slot]
-        slot = (slot + 1) & mask
-    keys[slot] = x + 1
-    vals[slot] = v
-    return -1
-
-
-@njit(nogil=True, cache=True)
 def alive_search(S, e, limit):
     """Whether the language of ``e`` is non-empty, by a depth-first walk over its derivatives:
     1 when a derivative accepts the empty string, has no intersection or complement left, or is
@@ -929,25 +1021,29 @@ def alive_search(S, e, limit):
     kept for every derivative it met (``liv``): each one on the path to a non-empty derivative is
     non-empty; when none is found, all are empty. The lexer's next states are derivatives on
     that path, so their checks are then lookups."""
+    nul = S.nul
+    hb = S.hb
+    liv = S.liv
     if e == EMPTY:
         return 0
-    if S.nul[e] or not S.hb[e] or S.liv[e] == LIVE:
+    if nul[e] or not hb[e] or liv[e] == LIVE:
         return 1
-    if S.liv[e] == DEAD:
+    if liv[e] == DEAD:
         return 0
-    d_max = S.cnt[C_DERIVS] + WALK_DERIVS_PER_STATE * limit
-    keys = np.zeros(256, np.int64)
-    kv = np.zeros(256, np.int64)
-    met = np.empty(64, np.int64)      # the derivatives met, in order
-    parent = np.empty(64, np.int64)   # the index in ``met`` of the one each was met from
-    _visit(keys, kv, e, 0)
+    cnt = S.cnt
+    d_max = cnt[C_DERIVS] + WALK_DERIVS_PER_STATE * limit
+    mark = S.mark2   # the derivatives met (stamped with this walk's number)
+    ep = _epoch(cnt, C_EPOCH2, mark)
+    met = S.wk[W_MET]         # the derivatives met, in order
+    parent = S.wk[W_PARENT]   # the index in ``met`` of the one each was met from
+    stack = S.wk[W_STACK]     # indexes into ``met``
+    parts = S.wparts
+    mark[e] = ep
     met[0] = e
     parent[0] = -1
     n = 1
-    stack = np.empty(64, np.int64)    # indexes into ``met``
     stack[0] = 0
     sp = 1
-    parts = np.empty((256, 4), np.uint64)
     found = -1
     while sp > 0 and found < 0:
         sp -= 1
@@ -959,26 +1055,20 @@ def alive_search(S, e, limit):
             t = deriv(S, x, _lowbit(parts[j, 0], parts[j, 1], parts[j, 2], parts[j, 3]))
             if t < 0:
                 return -2
-            if S.cnt[C_DERIVS] > d_max:
+            if cnt[C_DERIVS] > d_max:
                 return -1
-            if t == EMPTY or S.liv[t] == DEAD:
+            if t == EMPTY or liv[t] == DEAD:
                 continue
-            if 2 * (n + 1) > keys.shape[0]:
-                ok, ov = keys, kv
-                keys = np.zeros(2 * ok.shape[0], np.int64)
-                kv = np.zeros(2 * ok.shape[0], np.int64)
-                for q in range(ok.shape[0]):
-                    if ok[q] != 0:
-                        _visit(keys, kv, ok[q] - 1, ov[q])
-            if _visit(keys, kv, t, n) >= 0:
+            if mark[t] == ep:
                 continue
+            mark[t] = ep
             if n == met.shape[0]:
                 met = _grow1(met)
                 parent = _grow1(parent)
             met[n] = t
             parent[n] = i
             n += 1
-            if S.nul[t] or not S.hb[t] or S.liv[t] == LIVE:
+            if nul[t] or not hb[t] or liv[t] == LIVE:
                 found = n - 1
                 break
             if n > limit:
@@ -989,10 +1079,10 @@ def alive_search(S, e, limit):
             sp += 1
     if found < 0:
         for q in range(n):
-            S.liv[met[q]] = DEAD
+            liv[met[q]] = DEAD
         return 0
     while found >= 0:
-        S.liv[met[found]] = LIVE
+        liv[met[found]] = LIVE
         found = parent[found]
     return 1
 

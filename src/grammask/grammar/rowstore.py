@@ -267,16 +267,6 @@ def row_store(exprs) -> RowStore:
 
 
 @njit(nogil=True, cache=True)
-def _lowbit_index(x):
-    k = 0
-    y = x & (~x + np.uint64(1))
-    while y > np.uint64(1):
-        y >>= np.uint64(1)
-        k += 1
-    return k
-
-
-@njit(nogil=True, cache=True)
 def fill_stored_rows(gs, X, S, free, queue):
     """Write the DFA rows of the lexeme DFA states ``gs`` that have none (their expressions'
     transitions must be stored), then, breadth first, of up to ``free`` of the new DFA states
@@ -327,7 +317,7 @@ def _write_row(g, e, X, S, queue, qn, free):
         for w in range(4):
             x = S.mask[j, w]
             while x:
-                k = _lowbit_index(x)
+                k = ns.ctz64(x)
                 g_next[base + 64 * w + k] = t
                 x &= x - np.uint64(1)
     X.g_done[g] = True
