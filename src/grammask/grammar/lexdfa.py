@@ -52,6 +52,25 @@ class FastCall:
 #: a lexer state's ``trans`` entry before the state is expanded (as :data:`.lexer.UNKNOWN`)
 UNKNOWN = -2
 
+
+def _debruijn_table() -> np.ndarray:
+    t = np.zeros(64, np.int64)
+    for i in range(64):
+        t[((1 << i) * DEBRUIJN64 & (2 ** 64 - 1)) >> 58] = i
+    return t
+
+
+#: a de Bruijn sequence: ``(x & -x) * DEBRUIJN64 >> 58`` is distinct for each bit of ``x``
+DEBRUIJN64 = 0x03F79D71B4CB0A89
+_CTZ = _debruijn_table()
+
+
+@njit(nogil=True, cache=True, inline="always")
+def ctz64(x):
+    """The index of the lowest set bit of the uint64 ``x`` (not 0)."""
+    return _CTZ[((x & (~x + np.uint64(1))) * np.uint64(DEBRUIJN64)) >> np.uint64(58)]
+
+
 #: row tables (lexer ``trans``, lexeme ``g_next``) double while their capacity is at most this
 #: many states, then reserve :data:`RESERVE_STATES` at once (see :func:`grown_capacity`)
 RESERVE_FROM = 4096
@@ -70,16 +89,17 @@ NEED_ROWS = 3
 #: sets, accepted-lexeme slots used, queue head, queue tail, full flag, expansions done in this
 #: call, DFA states in ``need``, states in ``defer``, states asked for (at the queue's head)
 ExpandStore = namedtuple("ExpandStore", "ms_off ms_mem h_keys a_keys queue defer need cnt")
-#: the lexemes' DFAs (see the module docstring): ``rep[c]`` a byte of class ``c``; DFA state
-#: ``g`` is lexeme ``g_lex[g]`` at expression ``g_expr[g]``, found by ``g_keys`` (open addressing
-#: over the pair); ``g_cnt[0]`` DFA states
-LexemeDFAs = namedtuple("LexemeDFAs", "g_next g_null g_lex g_done g_expr g_keys g_cnt")
+#: the lexemes' DFAs (see the module docstring): DFA state ``g`` is lexeme ``g_lex[g]`` at
+#: expression ``g_expr[g]``, found by ``g_keys`` (open addressing over the pair); ``g_cnt[0]`` DFA
+#: states; ``g_bnd[g]`` the bytes where its row changes (bit ``b`` of the 4 words: ``b`` is 0 or
+#: ``g_next`` differs at ``b - 1`` and ``b``), written with the row
+LexemeDFAs = namedtuple("LexemeDFAs", "g_next g_null g_lex g_done g_expr g_keys g_cnt g_bnd")
 
 
 def new_dfas(cap: int) -> LexemeDFAs:
     return kstruct(LexemeDFAs(np.full(cap * 256, -1, np.int32), np.zeros(cap, np.bool_),
                               np.zeros(cap, np.int32), np.zeros(cap, np.bool_), np.zeros(cap, np.int64),
-                              np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64)))
+                              np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64), np.zeros((cap, 4), np.uint64)))
 
 
 def grown(a: np.ndarray, need: int, used: int) -> np.ndarray:
@@ -123,13 +143,14 @@ def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
     nxt[:n * C] = X.g_next[:n * C]
     old = X.g_null.shape[0]
     arrs = []
-    for a in (X.g_null, X.g_lex, X.g_done, X.g_expr):
-        b = np.zeros(cap, a.dtype)
+    for a in (X.g_null, X.g_lex, X.g_done, X.g_expr, X.g_bnd):
+        b = np.zeros((cap,) + a.shape[1:], a.dtype)
         b[:old] = a
         arrs.append(b)
     keys = np.full(2 * cap, -1, np.int32)
     _rehash_g(keys, arrs[3], arrs[1], n)
-    return X._replace(g_next=nxt, g_null=arrs[0], g_lex=arrs[1], g_done=arrs[2], g_expr=arrs[3], g_keys=keys)
+    return X._replace(g_next=nxt, g_null=arrs[0], g_lex=arrs[1], g_done=arrs[2], g_expr=arrs[3], g_keys=keys,
+                      g_bnd=arrs[4])
 
 
 @njit(nogil=True, cache=True)
@@ -325,6 +346,9 @@ def eager_expand(budget, spec_rows, max_states, hard_max, X, trans, state_acc, e
     defer = D.defer
     g_next = X.g_next
     g_done = X.g_done
+    g_bnd = X.g_bnd
+    h_keys = D.h_keys
+    a_keys = D.a_keys
     while True:
         while cnt[4] < cnt[5]:
             s = queue[cnt[4]]
@@ -352,48 +376,71 @@ def eager_expand(budget, spec_rows, max_states, hard_max, X, trans, state_acc, e
                 continue
             cnt[4] += 1
             base = s * 256
+            # the bytes where some member's row changes: the row is constant between two of them
+            c0 = c1 = c2 = c3 = np.uint64(0)
+            for i in range(lo, lo + m):
+                g = ms_mem[i]
+                c0 |= g_bnd[g, 0]
+                c1 |= g_bnd[g, 1]
+                c2 |= g_bnd[g, 2]
+                c3 |= g_bnd[g, 3]
             pk = -1
             prev = -1
-            for b in range(256):
+            b = 0
+            while b < 256:
+                # the next change after ``b`` (or 256)
+                w = b >> 6
+                cw = c0 if w == 0 else (c1 if w == 1 else (c2 if w == 2 else c3))
+                rest = cw & ~((np.uint64(2) << np.uint64(b & 63)) - np.uint64(1))
+                nb = 256
+                if rest:
+                    nb = 64 * w + ctz64(rest)
+                else:
+                    for w2 in range(w + 1, 4):
+                        cw2 = c0 if w2 == 0 else (c1 if w2 == 1 else (c2 if w2 == 2 else c3))
+                        if cw2:
+                            nb = 64 * w2 + ctz64(cw2)
+                            break
                 k = 0
                 for i in range(lo, lo + m):
                     t = g_next[ms_mem[i] * 256 + b]
                     if t >= 0:
                         buf[k] = t
                         k += 1
-                if k == pk:
-                    same = True
+                same = k == pk
+                if same:
                     for i in range(k):
                         if buf[i] != pbuf[i]:
                             same = False
                             break
-                    if same:
-                        trans[base + b] = prev
-                        continue
-                for i in range(k):
-                    pbuf[i] = buf[i]
-                    ibuf[i] = buf[i]
-                pk = k
-                if k == 0:
-                    prev = -1
-                else:
-                    n0 = cnt[0]
-                    # room for one more state (the row is left part written: its entries are
-                    # either right or UNKNOWN, and the state is expanded again once Python made room)
-                    if (n0 + 2 > state_acc.shape[0] or cnt[1] + k > ms_mem.shape[0]
-                            or 2 * (n0 + 1) > D.h_keys.shape[0] or cnt[2] + 2 >= acc_off.shape[0]
-                            or cnt[3] + k > acc_lex.shape[0] or 2 * (cnt[2] + 1) > D.a_keys.shape[0]
-                            or cnt[5] + 1 > queue.shape[0]):
-                        cnt[4] -= 1
-                        return NEED_ROOM, s
-                    prev = intern_members(ibuf, k, X, trans, state_acc, acc_off, acc_lex, D, abuf, max_states,
-                                          hard_max)
-                    if prev < 0:
-                        return TOO_MANY, s
-                    if cnt[0] > n0 and cnt[7] < budget and cnt[6] == 0:
-                        queue[cnt[5]] = prev
-                        cnt[5] += 1
-                trans[base + b] = prev
+                if not same:
+                    for i in range(k):
+                        pbuf[i] = buf[i]
+                        ibuf[i] = buf[i]
+                    pk = k
+                    if k == 0:
+                        prev = -1
+                    else:
+                        n0 = cnt[0]
+                        # room for one more state (the row is left part written: its entries are
+                        # either right or UNKNOWN, and the state is expanded again once Python
+                        # made room)
+                        if (n0 + 2 > state_acc.shape[0] or cnt[1] + k > ms_mem.shape[0]
+                                or 2 * (n0 + 1) > h_keys.shape[0] or cnt[2] + 2 >= acc_off.shape[0]
+                                or cnt[3] + k > acc_lex.shape[0] or 2 * (cnt[2] + 1) > a_keys.shape[0]
+                                or cnt[5] + 1 > queue.shape[0]):
+                            cnt[4] -= 1
+                            return NEED_ROOM, s
+                        prev = intern_members(ibuf, k, X, trans, state_acc, acc_off, acc_lex, D, abuf,
+                                              max_states, hard_max)
+                        if prev < 0:
+                            return TOO_MANY, s
+                        if cnt[0] > n0 and cnt[7] < budget and cnt[6] == 0:
+                            queue[cnt[5]] = prev
+                            cnt[5] += 1
+                for j in range(b, nb):
+                    trans[base + j] = prev
+                b = nb
             expanded[s] = True
             cnt[7] += 1
         if cnt[9] == 0:

@@ -51,7 +51,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from .lexdfa import _sort
+from .lexdfa import _sort, ctz64
 
 EMPTY, EPS, BYTES, CONCAT, OR, AND, NOT, REPEAT = range(8)
 INF = -1
@@ -915,24 +915,6 @@ def _classes(S, e, parts, np_):
                 stack[sp] = sa[x]
             sp += 1
     return np_
-
-
-def _debruijn_table() -> np.ndarray:
-    t = np.zeros(64, np.int64)
-    for i in range(64):
-        t[((1 << i) * DEBRUIJN64 & (2 ** 64 - 1)) >> 58] = i
-    return t
-
-
-#: a de Bruijn sequence: ``(x & -x) * DEBRUIJN64 >> 58`` is distinct for each bit of ``x``
-DEBRUIJN64 = 0x03F79D71B4CB0A89
-_CTZ = _debruijn_table()
-
-
-@njit(nogil=True, cache=True, inline="always")
-def ctz64(x):
-    """The index of the lowest set bit of the uint64 ``x`` (not 0)."""
-    return _CTZ[((x & (~x + np.uint64(1))) * np.uint64(DEBRUIJN64)) >> np.uint64(58)]
 
 
 @njit(nogil=True, cache=True)

@@ -317,9 +317,21 @@ def _write_row(g, e, X, S, queue, qn, free):
         for w in range(4):
             x = S.mask[j, w]
             while x:
-                k = ns.ctz64(x)
+                k = lexdfa.ctz64(x)
                 g_next[base + 64 * w + k] = t
                 x &= x - np.uint64(1)
+    # where the row changes (what :func:`.lexdfa.eager_expand` reads instead of 256 bytes)
+    g_bnd = X.g_bnd
+    c = np.uint64(1)
+    prev = g_next[base]
+    for b in range(1, 256):
+        cur = g_next[base + b]
+        if cur != prev:
+            c |= np.uint64(1) << np.uint64(b & 63)
+            prev = cur
+        if b & 63 == 63:
+            g_bnd[g, b >> 6] = c
+            c = np.uint64(0)
     X.g_done[g] = True
     for h in range(n0, X.g_cnt[0]):
         if qn < free:
