@@ -226,6 +226,28 @@ def test_compiled_store_matches_the_languages_of_its_nodes(seed):
             a, b = ex.args[e]
             assert ex.concat(a, b) == e
     assert ex.concat(ex.concat(pool[0], pool[2]), pool[3]) == ex.concat(pool[0], ex.concat(pool[2], pool[3]))
+    # the store's counter flag (capping's shortcut) is the structural property it stands for,
+    # and capping leaves an expression without it as it is
+    from grammask.grammar.regexset import AND, INF, NOT, OR, REPEAT
+    from grammask.grammar.slicer import capped
+
+    def has_counter(x):
+        k = ex.kind[x]
+        if k == NOT:
+            return False
+        if k == REPEAT:
+            body, lo, hi = ex.args[x]
+            if hi != INF and hi > max(lo, 1):
+                return True
+            return has_counter(body)
+        return any(has_counter(y) for y in ex.args[x]) if k in (CONCAT, OR, AND) else False
+
+    flags = [bool(ex._S.ctr[e]) for e in range(len(ex))]
+    assert flags == [has_counter(e) for e in range(len(ex))]
+    assert any(flags) and not all(flags)
+    for e in range(len(ex)):
+        if not flags[e]:
+            assert capped(ex, e, 1, True) == e and capped(ex, e, 1) == e
 
 
 def test_compiled_store_grows_and_keeps_its_ids():

@@ -20,9 +20,11 @@ so the work done before the stop is found again, not repeated)
     node; ``REPEAT`` ``a`` the body, ``b`` the minimum and ``c`` the maximum count (-1:
     unbounded); ``BYTES`` ``a`` the row of its 256-bit byte mask in ``bm`` (4 words, byte ``k``
     is bit ``k % 64`` of word ``k // 64``).
-``nul[i]``, ``hb[i]``, ``liv[i]``
+``nul[i]``, ``hb[i]``, ``liv[i]``, ``ctr[i]``
     the node accepts the empty string; the node contains an intersection or a complement; what
-    :func:`alive_search` learnt of its language (0 nothing, :data:`LIVE`, :data:`DEAD`).
+    :func:`alive_search` learnt of its language (0 nothing, :data:`LIVE`, :data:`DEAD`); the node
+    contains, outside complements, a counted repetition ``x{lo,hi}`` with a finite ``hi`` above
+    ``max(lo, 1)`` (what :func:`.slicer.capped` may lower: without one it is the identity).
 ``htab``
     open addressing, node id + 1 (0: a free slot), by the hash of the node's contents.
 ``dkey``, ``dval``
@@ -78,7 +80,7 @@ NEED_ROOM = 1
 TOO_MANY = 2
 
 NodeArrays = namedtuple("NodeArrays",
-                        "kind a b c nul hb liv mark mark2 pool bm htab dkey dval cnt xs tw tt fr vals arena wk wparts")
+                        "kind a b c nul hb liv ctr mark mark2 pool bm htab dkey dval cnt xs tw tt fr vals arena wk wparts")
 
 
 def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks: int = 256,
@@ -88,7 +90,7 @@ def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks:
     return NodeArrays(
         kind=np.zeros(nodes, np.uint8), a=np.zeros(nodes, np.int64), b=np.zeros(nodes, np.int64),
         c=np.zeros(nodes, np.int64), nul=np.zeros(nodes, np.uint8), hb=np.zeros(nodes, np.uint8),
-        liv=np.zeros(nodes, np.uint8), mark=np.zeros(nodes, np.int32), mark2=np.zeros(nodes, np.int32),
+        liv=np.zeros(nodes, np.uint8), ctr=np.zeros(nodes, np.uint8), mark=np.zeros(nodes, np.int32), mark2=np.zeros(nodes, np.int32),
         pool=np.zeros(pool, np.int64), bm=np.zeros((masks, 4), np.uint64),
         htab=np.zeros(table, np.int64), dkey=np.zeros(memo, np.int64), dval=np.zeros(memo, np.int64),
         cnt=cnt, xs=np.zeros(scratch, np.int64), tw=np.zeros((256, 4), np.uint64),
@@ -143,10 +145,11 @@ def _room(S, pool_need, bm_need):
 
 
 @njit(nogil=True, cache=True)
-def _finish(S, i, slot, kind, nul, hb):
+def _finish(S, i, slot, kind, nul, hb, ctr):
     S.kind[i] = kind
     S.nul[i] = nul
     S.hb[i] = hb
+    S.ctr[i] = ctr
     S.htab[slot] = i + 1
     S.cnt[C_NODES] = i + 1
     S.cnt[C_HT] += 1
@@ -176,9 +179,11 @@ def mk3(S, kind, a, b, c):
     S.a[i] = a
     S.b[i] = b
     S.c[i] = c
+    ctr = 0
     if kind == CONCAT:
         nul = S.nul[a] & S.nul[b]
         hb = S.hb[a] | S.hb[b]
+        ctr = S.ctr[a] | S.ctr[b]
     elif kind == EPS:
         nul, hb = 1, 0
     elif kind == NOT:
@@ -187,9 +192,10 @@ def mk3(S, kind, a, b, c):
     elif kind == REPEAT:
         nul = 1 if (b == 0 or S.nul[a]) else 0
         hb = S.hb[a]
+        ctr = 1 if (c != INF and c > max(b, 1)) else S.ctr[a]
     else:
         nul, hb = 0, 0
-    return _finish(S, i, slot, kind, nul, hb)
+    return _finish(S, i, slot, kind, nul, hb, ctr)
 
 
 @njit(nogil=True, cache=True)
@@ -223,7 +229,7 @@ def mk_bytes(S, w0, w1, w2, w3):
     S.a[i] = r
     S.b[i] = 0
     S.c[i] = 0
-    return _finish(S, i, slot, BYTES, 0, 0)
+    return _finish(S, i, slot, BYTES, 0, 0, 0)
 
 
 @njit(nogil=True, cache=True)
@@ -257,9 +263,12 @@ def _mk_list(S, kind, ch, n):
     o = S.cnt[C_POOL]
     nul = 0 if kind == OR else 1
     hb = 1 if kind == AND else 0
+    ctr = 0
+    sctr = S.ctr
     for j in range(n):
         x = ch[j]
         pool[o + j] = x
+        ctr |= sctr[x]
         if kind == OR:
             nul |= S.nul[x]
             hb |= S.hb[x]
@@ -269,7 +278,7 @@ def _mk_list(S, kind, ch, n):
     S.a[i] = o
     S.b[i] = n
     S.c[i] = 0
-    return _finish(S, i, slot, kind, nul, hb)
+    return _finish(S, i, slot, kind, nul, hb, ctr)
 
 
 # ------------------------------------------------------------------------------ constructors

@@ -207,7 +207,7 @@ class ExprSet:
                 y[:used] = x[:used]
                 new[name] = y
 
-        for name in ("kind", "a", "b", "c", "nul", "hb", "liv", "mark", "mark2"):
+        for name in ("kind", "a", "b", "c", "nul", "hb", "liv", "ctr", "mark", "mark2"):
             more(name, n)
         more("pool", int(cnt[ns.C_POOL]), int(cnt[ns.C_POOL_NEED]))
         cnt[ns.C_POOL_NEED] = 0
