@@ -242,7 +242,7 @@ def test_compiled_store_matches_the_languages_of_its_nodes(seed):
             return has_counter(body)
         return any(has_counter(y) for y in ex.args[x]) if k in (CONCAT, OR, AND) else False
 
-    flags = [bool(ex._S.ctr[e]) for e in range(len(ex))]
+    flags = [ex.has_counter(e) for e in range(len(ex))]
     assert flags == [has_counter(e) for e in range(len(ex))]
     assert any(flags) and not all(flags)
     for e in range(len(ex)):
@@ -628,3 +628,33 @@ def test_store_past_its_node_bound_raises_a_typed_error():
             made.append(ex.literal(f"key{i}"))
     assert 40 <= len(ex) == len(ex.args) == len(ex._nullable) <= 60
     assert made and all(ex.matches(e, f"key{i}") for i, e in enumerate(made))
+
+
+def test_bit_scans_of_the_compiled_expansion_match_python():
+    """``ctz64`` (a de Bruijn table) and ``_next_bit`` (the runs of a lexer state's row) against
+    plain Python on random 256-bit masks, every word boundary included."""
+    import random
+
+    import numpy as np
+    from numba import njit
+
+    from grammask.grammar.lexdfa import _next_bit, ctz64
+
+    @njit
+    def scan(w0, w1, w2, w3, b):
+        return _next_bit(w0, w1, w2, w3, b)
+
+    @njit
+    def low(x):
+        return ctz64(x)
+
+    rng = random.Random(7)
+    for i in range(64):
+        assert low(np.uint64(1 << i | (1 << 63))) == i
+    for _ in range(2000):
+        m = 0
+        for _ in range(rng.randint(0, 6)):
+            m |= 1 << rng.choice([0, 1, 62, 63, 64, 127, 128, 191, 192, 255, rng.randrange(256)])
+        b = rng.choice([0, 62, 63, 64, 127, 191, 254, 255, rng.randrange(256)])
+        words = [np.uint64(m >> (64 * k) & (2 ** 64 - 1)) for k in range(4)]
+        assert scan(*words, b) == next((i for i in range(b + 1, 256) if m >> i & 1), 256), (hex(m), b)

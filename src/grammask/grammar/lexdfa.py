@@ -71,6 +71,18 @@ def ctz64(x):
     return _CTZ[((x & (~x + np.uint64(1))) * np.uint64(DEBRUIJN64)) >> np.uint64(58)]
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _next_bit(w0, w1, w2, w3, b):
+    """The first bit after bit ``b`` set in the 256-bit mask ``w0..w3``, or 256."""
+    for w in range(b >> 6, 4):
+        x = w0 if w == 0 else (w1 if w == 1 else (w2 if w == 2 else w3))
+        if w == b >> 6:
+            x &= ~((np.uint64(2) << np.uint64(b & 63)) - np.uint64(1))
+        if x:
+            return 64 * w + ctz64(x)
+    return 256
+
+
 #: row tables (lexer ``trans``, lexeme ``g_next``) double while their capacity is at most this
 #: many states, then reserve :data:`RESERVE_STATES` at once (see :func:`grown_capacity`)
 RESERVE_FROM = 4096
@@ -388,19 +400,7 @@ def eager_expand(budget, spec_rows, max_states, hard_max, X, trans, state_acc, e
             prev = -1
             b = 0
             while b < 256:
-                # the next change after ``b`` (or 256)
-                w = b >> 6
-                cw = c0 if w == 0 else (c1 if w == 1 else (c2 if w == 2 else c3))
-                rest = cw & ~((np.uint64(2) << np.uint64(b & 63)) - np.uint64(1))
-                nb = 256
-                if rest:
-                    nb = 64 * w + ctz64(rest)
-                else:
-                    for w2 in range(w + 1, 4):
-                        cw2 = c0 if w2 == 0 else (c1 if w2 == 1 else (c2 if w2 == 2 else c3))
-                        if cw2:
-                            nb = 64 * w2 + ctz64(cw2)
-                            break
+                nb = _next_bit(c0, c1, c2, c3, b)
                 k = 0
                 for i in range(lo, lo + m):
                     t = g_next[ms_mem[i] * 256 + b]

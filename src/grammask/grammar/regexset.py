@@ -273,6 +273,12 @@ class ExprSet:
         if m is not None and (m.nodes >= NODE_BATCH or m.derivs >= DERIV_BATCH):
             m.flush()
 
+    def has_counter(self, e: int) -> bool:
+        """Whether ``e`` holds, outside complements, a counted repetition ``x{lo,hi}`` with a
+        finite ``hi`` above ``max(lo, 1)`` (what :func:`.slicer.capped` may lower; the store's
+        flag, set as nodes are made)."""
+        return bool(self._S.ctr[e])
+
     @property
     def n_derivs(self) -> int:
         """Derivatives made so far (all time; each memoised in the store)."""

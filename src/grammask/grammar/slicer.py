@@ -361,8 +361,8 @@ def capped(ex: ExprSet, e: int, n: int, keep_and: bool = False, reach: TokenReac
     that one token can begin (:meth:`.TokenReach.begun`), where ``n // minlen(x) + 1`` bounds
     them for any string. The arguments above hold as they are: they count only the iterations
     that the strings begin."""
-    if not ex._S.ctr[e]:
-        return e   # no counter to cap (the store's flag: no walk, no memo entry)
+    if not ex.has_counter(e):
+        return e   # nothing to cap: no walk, no memo entry
     # one memo per ``n`` of every sub-expression's capped form: the states of a lexer share most
     # of their sub-expressions, so each new state caps only what is new in it
     if reach is not None:
