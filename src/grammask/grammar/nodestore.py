@@ -779,7 +779,7 @@ def _keep_bytes(S, items, m, w):
     """The end of an intersection with byte-set parts ``w``: the bytes every other part of
     ``items[:m]`` accepts as a one-byte string."""
     nul = S.nul
-    k0 = k1 = k2 = k3 = np.uint64(0)
+    keep = np.zeros(4, np.uint64)   # (Python's intersections only: not a hot path)
     for b in range(256):
         if not (w[b >> 6] >> np.uint64(b & 63)) & np.uint64(1):
             continue
@@ -792,17 +792,8 @@ def _keep_bytes(S, items, m, w):
                 ok = False
                 break
         if ok:
-            bit = np.uint64(1) << np.uint64(b & 63)
-            q = b >> 6
-            if q == 0:
-                k0 |= bit
-            elif q == 1:
-                k1 |= bit
-            elif q == 2:
-                k2 |= bit
-            else:
-                k3 |= bit
-    return mk_bytes(S, k0, k1, k2, k3)
+            keep[b >> 6] |= np.uint64(1) << np.uint64(b & 63)
+    return mk_bytes(S, keep[0], keep[1], keep[2], keep[3])
 
 
 @njit(nogil=True, cache=True)
