@@ -118,3 +118,49 @@ def test_states_past_the_slices_reach_share_one_proof_and_masks_are_unchanged(ll
             assert not flags.any()
     for a, b in zip(masks, got):
         assert np.array_equal(a, b)
+
+
+def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_proofs(llama3, monkeypatch):
+    """``SliceChecker.skip_flags`` answers "not contained" without a proof for a slice that may
+    begin with a byte on which the state's row is dead. The flags must be the proofs' own, on
+    every state of a document (inside strings, numbers, between tokens), and the shortcut must
+    actually spare proofs. A state not expanded yet is expanded first (its row answers)."""
+    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 10.0)
+    proofs = [0]
+    contained = slicer.SliceChecker._contained
+
+    def counting(ex, u, e, max_seconds):
+        proofs[0] += 1
+        return contained(ex, u, e, max_seconds)
+
+    monkeypatch.setattr(slicer.SliceChecker, "_contained", staticmethod(counting))
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"},
+        "tag": {"type": "string", "maxLength": 12, "pattern": "^[a-z]+( [a-z]+)*$"},
+        "kind": {"enum": ["alpha", "beta"]}, "ok": {"type": "boolean"}}}
+    doc = '{"name": "R\\u00e9mi \\"x\\" caf\u00e9", "n": -120, "x": 3.5e-2, "tag": "ab cd", "kind": "beta", "ok": true}'
+    cg = GrammarCompiler(llama3, cache_size=0).compile_json_schema(schema)
+    m = GrammarMatcher(cg)
+    states = []
+    for ch in doc:
+        states.append(int(m._s))
+        assert m.accept_string(ch)
+    lexer = m._lexer
+    fast = cg.slicer_of(lexer)
+    # a checker without the shortcut: no slice has a first byte to be dead on
+    slow = slicer.SliceChecker(lexer)
+    slow.first = [np.zeros(0, np.int64) for _ in slow.exprs]
+    # states made (as targets of moves) but not expanded yet: the checker expands them first
+    fresh = [s for s in range(lexer.n_states) if not lexer.expanded[s]][:20]
+    assert fresh
+    states += fresh
+    proofs[0] = 0
+    got = {s: fast.skip_flags(s) for s in states}
+    fast_proofs = proofs[0]
+    assert all(lexer.expanded[s] for s in fresh)
+    proofs[0] = 0
+    want = {s: slow.skip_flags(s) for s in states}
+    assert proofs[0] > fast_proofs, "no proof was spared"
+    for s in states:
+        assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
+    assert any(got[s][1] for s in states), "no state had a contained slice"

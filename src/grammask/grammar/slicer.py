@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from .kstruct import kstruct
+from .lexer import DEAD, EAGER_RESOLVE_BUDGET
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet
@@ -253,6 +254,11 @@ class SliceChecker:
             if patterns not in cache:
                 cache[patterns] = [slice_expr(p, ex) for p in patterns]
             self.exprs = cache[patterns]
+            first = ex.__dict__.setdefault("_slice_first", {})
+            if patterns not in first:
+                first[patterns] = [_first_bytes(ex, e) for e in self.exprs]
+            #: per slice, the bytes its strings can begin with (a necessary condition below)
+            self.first = first[patterns]
         self._cache: dict[int, np.ndarray] = {}
 
     @property
@@ -263,17 +269,27 @@ class SliceChecker:
         """(per-slice skip flags, their combination index) for lexer state ``s``."""
         f = self._cache.get(s)
         if f is None:
-            with self.lexer.lock, self.lexer.counting():
+            lexer = self.lexer
+            if not lexer.expanded[s]:
+                # the walk from ``s`` asks for its row first thing: build it now (the same
+                # expansion a kernel round would ask for), which also lets the row answer below
+                lexer.expand_many([s], EAGER_RESOLVE_BUDGET if lexer.eager else 0)
+            with lexer.lock, lexer.counting():
                 # one time budget for all the slices of a state: a state whose first proof runs
                 # out of time rarely has cheap ones after it, and the mask waits for all of them
                 deadline = time.monotonic() + STATE_PROOF_SECONDS
                 flags = np.zeros(len(self.exprs), np.int32)
-                lexer = self.lexer
                 ex = lexer.exprs
-                # the union of the state's expressions: the same for every slice
-                u = ex.alt(*[x for _, x in lexer.state_members(s)])
+                # a slice whose strings may begin with a byte on which the state's row is dead
+                # (no member lives after it) is not contained: no proof needed. Most states
+                # outside strings end here.
+                row = lexer.trans[s * 256:(s + 1) * 256]
+                todo = [k for k, fb in enumerate(self.first) if not (row[fb] == DEAD).any()]
                 combo = 0
-                for k, e in enumerate(self.exprs):
+                # the union of the state's expressions: the same for every slice
+                u = ex.alt(*[x for _, x in lexer.state_members(s)]) if todo else -1
+                for k in todo:
+                    e = self.exprs[k]
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -294,6 +310,14 @@ class SliceChecker:
         if n != INF:
             u = capped(ex, u, n)
         return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds)
+
+
+def _first_bytes(ex: ExprSet, e: int) -> np.ndarray:
+    """The bytes that the strings of ``e`` can begin with, as an index array."""
+    m = 0
+    for mask, _t in ex.transitions(e):
+        m |= mask
+    return np.array([b for b in range(256) if m >> b & 1], np.int64)
 
 
 INF_FLOAT = float("inf")
