@@ -573,13 +573,17 @@ class ExprSet:
         if self._has_bool[c]:
             return None
         p = EPS
-        if self.kind[c] == CONCAT:
+        kind, args = self.kind, self.args
+        if kind[c] == CONCAT:
             heads = []
-            while self.kind[c] == CONCAT:
-                a, c = self.args[c]
+            while kind[c] == CONCAT:
+                a, c = args[c]
                 heads.append(a)
-            p = self.concat(*heads)
-        if self.kind[c] != REPEAT:
+            if kind[c] != REPEAT:
+                return None
+            # one head (a string's ``p r{lo,hi}``) is itself: no call into the store
+            p = heads[0] if len(heads) == 1 else self.concat(*heads)
+        if kind[c] != REPEAT:
             return None
         r, lo, hi = self.args[c]
         if lo <= 1 and (hi == INF or hi <= 1):
@@ -618,7 +622,8 @@ class ExprSet:
         if best_c is None:
             return None
         c, (p, r, lo, hi) = best_c
-        x = self.intersect(*[y for y in self.args[e] if y != c])
+        others = [y for y in self.args[e] if y != c]
+        x = others[0] if len(others) == 1 else self.intersect(*others)
         if x == EMPTY:
             return False
         # depth first needs at least ``lo`` states: from large minimums on, the layers first,
