@@ -7,23 +7,30 @@ kernels and their Python and C wrappers), which ``perf report`` reads by itself:
 
     perf record -F 500 -o /tmp/perf.data .venv/bin/python benchmarks/perf_map.py SCRIPT [ARGS...]
     perf report -i /tmp/perf.data --no-children --sort dso,symbol
+    perf record -F 300 --call-graph dwarf,64 -o /tmp/perf.data .venv/bin/python benchmarks/perf_map.py SCRIPT
+    .venv/bin/python benchmarks/perf_map.py --callers /tmp/perf.data /tmp/perf-PID.map NRT_incref
 
 Notes:
 
-- Callees the JIT does not export have no name: their samples show as addresses after the last
-  named symbol of their library. A callee that several kernels link (``deriv``, ``mk3``...) runs
-  from the copy that was loaded first, whichever library that is, so the region a sample lies in
-  does not say which kernel called it.
-- ``NRT_incref``/``NRT_decref`` (Numba's atomic reference counts) show up as two hot unnamed
-  instructions (``lock incq``/``lock decq``). To find their callers, record the top of the stack
-  (``--call-graph dwarf,64``): the first word of each sample's user stack is the return address
-  into the caller (``perf report -D`` prints it). This is how session 17 found that they were 7%
-  of a MaskBench pass (docs/lexer.md, "The compiled store").
+- Callees the JIT does not export (``deriv``, ``mk3``, Numba's ``NRT_incref``/``NRT_decref``...)
+  are named too: their offsets in the object file are placed from an exported function of the
+  same section (the loader copies a section whole). A callee that several kernels link runs from
+  the copy that was loaded first, whichever library that is, so its name does not say which
+  kernel called it.
+- ``NRT_incref``/``NRT_decref`` are Numba's atomic reference counts. To find their callers,
+  record the top of the stack (``--call-graph dwarf,64``): the first word of each sample's user
+  stack is the return address into the caller (``perf report -D`` dumps each sample's raw bytes
+  and the offset of its user stack; ``--callers`` reads them). This is how session 17 found that they
+  were 7% of a MaskBench pass (docs/lexer.md, "The compiled store"), and session 18 that they
+  were still 15% of all samples (44% of the time in compiled code), called mostly from small
+  per-item kernels: each array or record argument of a call that LLVM does not inline is counted
+  on entry and released on exit (``intern_members``: 8 arguments, then 4 record fields).
 - The map is written at exit: the script must end normally (not by ``os._exit``).
 """
 from __future__ import annotations
 
 import atexit
+import bisect
 import gc
 import os
 import re
@@ -31,6 +38,8 @@ import runpy
 import subprocess
 import sys
 import tempfile
+from collections import Counter
+from pathlib import Path
 
 #: the object code of every library loaded from Numba's cache (id of the library -> bytes)
 _OBJECTS: dict[int, bytes] = {}
@@ -65,22 +74,37 @@ def _short(name: str) -> str:
 
 
 def _symbols(lib, obj: bytes) -> dict[int, tuple[int, str]]:
-    """address -> (size, name) of the functions of one library's object code."""
+    """address -> (size, name) of the functions of one library's object code. The JIT exports
+    some of them; the others (local callees such as ``deriv``) are placed from an exported one of
+    the same section, since the loader copies a section whole."""
     with tempfile.NamedTemporaryFile(suffix=".o") as f:
         f.write(obj)
         f.flush()
         out = subprocess.run(["nm", "-S", "--defined-only", f.name], capture_output=True, text=True).stdout
-    syms = {}
+        sec = subprocess.run(["objdump", "-t", f.name], capture_output=True, text=True).stdout
+    section = {}
+    for line in sec.splitlines():   # objdump -t: value, flags, section, size, name
+        p = line.split()
+        if len(p) >= 5 and p[-3].startswith("."):
+            section[p[-1]] = p[-3]
+    syms, local, base = {}, [], {}
     for line in out.splitlines():
         p = line.split()
-        if len(p) != 4 or p[2] not in "Tt":
+        if len(p) != 4 or p[2] not in "TtW":
             continue
         try:
             addr = lib.get_pointer_to_function(p[3])
         except Exception:   # a local symbol the JIT does not export
-            continue
+            addr = 0
         if addr:
             syms[addr] = (int(p[1], 16), _short(p[3]))
+            base.setdefault(section.get(p[3]), addr - int(p[0], 16))
+        else:
+            local.append(p)
+    for p in local:
+        b = base.get(section.get(p[3]))
+        if b is not None:
+            syms.setdefault(b + int(p[0], 16), (int(p[1], 16), _short(p[3])))
     return syms
 
 
@@ -115,9 +139,68 @@ def write_map() -> str:
     return path
 
 
+def read_map(path: str) -> list[tuple[int, int, str]]:
+    """The ``(start, size, name)`` rows of a perf map, by start."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        a, n, name = line.split(" ", 2)
+        rows.append((int(a, 16), int(n, 16), name))
+    return sorted(rows)
+
+
+def callers(dump_lines, rows: list[tuple[int, int, str]], symbol: str) -> Counter:
+    """Who calls ``symbol`` (a leaf such as ``NRT_incref``), by the samples inside it: the first
+    word of a sample's user stack is its return address, named by the map's function that holds
+    it (``?`` outside every function). ``dump_lines``: the text of ``perf report -D`` over a
+    recording made with ``--call-graph dwarf,64``, where each event's raw bytes come first, then
+    its sample line (the instruction pointer), then the offset of its user stack."""
+    spans = [(a, a + n) for a, n, name in rows if name == symbol]
+    starts = [a for a, _, _ in rows]
+    raw: dict[int, int] = {}   # offset -> byte, of the event being dumped
+    ip, event = None, {}
+    out: Counter = Counter()
+    for line in dump_lines:
+        m = _RAW.match(line)
+        if m:
+            off = int(m.group(1), 16)
+            for j, x in enumerate(m.group(2).split()):
+                raw[off + j] = int(x, 16)
+            continue
+        m = _SAMPLE.search(line)
+        if m:
+            ip, event, raw = int(m.group(1), 16), raw, {}
+            continue
+        m = _USTACK.search(line)
+        if m and ip is not None:
+            if any(a <= ip < b for a, b in spans):
+                at = int(m.group(1), 16) + 8   # past the stack's size word
+                ret = int.from_bytes(bytes(event.get(at + j, 0) for j in range(8)), "little")
+                k = bisect.bisect_right(starts, ret) - 1
+                inside = k >= 0 and rows[k][0] <= ret < rows[k][0] + rows[k][1]
+                out[rows[k][2] if inside else "?"] += 1
+            ip = None
+        elif not line.startswith("."):
+            raw = {} if "event:" in line else raw
+    return out
+
+
+_RAW = re.compile(r"^\.  ([0-9a-f]{4}):  ((?:[0-9a-f]{2} ?)+)")
+_USTACK = re.compile(r"ustack: size \d+, offset (0x[0-9a-f]+)")
+_SAMPLE = re.compile(r"PERF_RECORD_SAMPLE\([^)]*\): \d+/\d+: (0x[0-9a-f]+)")
+
+
 def main(argv: list[str]) -> None:
     if not argv:
         raise SystemExit(__doc__)
+    if argv[0] == "--callers":   # --callers PERF_DATA MAP SYMBOL
+        data, map_path, symbol = argv[1:4]
+        dump = subprocess.run(["perf", "report", "-D", "-i", data], capture_output=True, text=True).stdout
+        got = callers(dump.splitlines(), read_map(map_path), symbol)
+        total = sum(got.values())
+        for name, n in got.most_common(30):
+            print(f"{n:7d} {100 * n / max(total, 1):5.1f}%  {name}")
+        print(f"{total} samples in {symbol}")
+        return
     _install()
     atexit.register(write_map)
     sys.argv = argv
