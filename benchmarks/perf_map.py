@@ -179,8 +179,8 @@ def callers(dump_lines, rows: list[tuple[int, int, str]], symbol: str) -> Counte
                 inside = k >= 0 and rows[k][0] <= ret < rows[k][0] + rows[k][1]
                 out[rows[k][2] if inside else "?"] += 1
             ip = None
-        elif not line.startswith("."):
-            raw = {} if "event:" in line else raw
+        elif "event:" in line:   # a new event: its raw bytes follow
+            raw = {}
     return out
 
 

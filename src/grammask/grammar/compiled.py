@@ -10,7 +10,7 @@ from ..errors import GrammarError
 from .cfg import FlatGrammar, Grammar, lower
 from .earley import (GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT, MissingRequests, ParseStack,
                      grammar_tables, initial_row, new_missing)
-from .lexer import EAGER_RESOLVE_BUDGET, MAX_LEXER_STATES, Lexer
+from .lexer import MAX_LEXER_STATES, Lexer
 from .mask import FastCall, chain_frontier
 from .slicer import forest_sub_depth
 
@@ -184,7 +184,7 @@ class CompiledGrammar:
                 for k in {tuple(lex[off[i]:off[i + 1]]) for i in range(cnt[1])}:
                     todo.add(lx.start_state(k))
             if todo:
-                lx.expand_many(sorted(todo), EAGER_RESOLVE_BUDGET if lx.eager else 0)
+                lx.expand_many(sorted(todo), lx.resolve_budget)
             if cnt[3]:
                 self._expand_chains(lx, M)
             cnt[:] = 0
@@ -214,7 +214,7 @@ class CompiledGrammar:
                 return
             # the rows of a run of bytes (whitespace, a key) as deep as the trie goes below
             # these states, in one round; the compiled expansion then walks down the run
-            lx.expand_many(sorted(set(out[:n].tolist())), EAGER_RESOLVE_BUDGET if lx.eager else 0,
+            lx.expand_many(sorted(set(out[:n].tolist())), lx.resolve_budget,
                            ladder=int(deep[0]))
 
     def new_stack(self) -> ParseStack:

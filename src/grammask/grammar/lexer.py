@@ -491,6 +491,12 @@ class Lexer:
             return tuple(self.acc_lex[self.acc_off[k]:self.acc_off[k + 1]].tolist())
         return self._acc_sets[k]
 
+    @property
+    def resolve_budget(self) -> int:
+        """The speculation budget of an expansion a kernel asked for (:data:`EAGER_RESOLVE_BUDGET`
+        for the compiled construction, none for the reference one)."""
+        return EAGER_RESOLVE_BUDGET if self.eager else 0
+
     def expand_many(self, states, budget: int = 0, ladder: int = 1) -> None:
         """Expand every state of ``states`` (an eager lexer also up to ``budget`` more, breadth
         first: see :data:`EAGER_RESOLVE_BUDGET`)."""

@@ -347,6 +347,8 @@ class ExprSet:
         return self._list_call(_py_alt, xs)
 
     def intersect(self, *xs: int) -> int:
+        if len(xs) == 1 and self.kind[xs[0]] != AND:
+            return xs[0]   # an intersection of one expression is itself
         return self._list_call(_py_intersect, xs)
 
     def complement(self, a: int) -> int:
@@ -572,19 +574,14 @@ class ExprSet:
         a counter (``lo > 1`` or a finite ``hi > 1``), else None."""
         if self._has_bool[c]:
             return None
-        p = EPS
         kind, args = self.kind, self.args
-        if kind[c] == CONCAT:
-            heads = []
-            while kind[c] == CONCAT:
-                a, c = args[c]
-                heads.append(a)
-            if kind[c] != REPEAT:
-                return None
-            # one head (a string's ``p r{lo,hi}``) is itself: no call into the store
-            p = heads[0] if len(heads) == 1 else self.concat(*heads)
+        heads = []
+        while kind[c] == CONCAT:
+            a, c = args[c]
+            heads.append(a)
         if kind[c] != REPEAT:
             return None
+        p = self.concat(*heads)   # EPS for none, the head itself for one
         r, lo, hi = self.args[c]
         if lo <= 1 and (hi == INF or hi <= 1):
             return None
@@ -622,8 +619,7 @@ class ExprSet:
         if best_c is None:
             return None
         c, (p, r, lo, hi) = best_c
-        others = [y for y in self.args[e] if y != c]
-        x = others[0] if len(others) == 1 else self.intersect(*others)
+        x = self.intersect(*[y for y in self.args[e] if y != c])
         if x == EMPTY:
             return False
         # depth first needs at least ``lo`` states: from large minimums on, the layers first,

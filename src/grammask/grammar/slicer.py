@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from .kstruct import kstruct
-from .lexer import DEAD, EAGER_RESOLVE_BUDGET
+from .lexer import DEAD
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet
@@ -252,13 +252,11 @@ class SliceChecker:
         with lexer.lock:
             cache = ex.__dict__.setdefault("_slice_exprs", {})
             if patterns not in cache:
-                cache[patterns] = [slice_expr(p, ex) for p in patterns]
-            self.exprs = cache[patterns]
-            first = ex.__dict__.setdefault("_slice_first", {})
-            if patterns not in first:
-                first[patterns] = [_first_bytes(ex, e) for e in self.exprs]
-            #: per slice, the bytes its strings can begin with (a necessary condition below)
-            self.first = first[patterns]
+                exprs = [slice_expr(p, ex) for p in patterns]
+                cache[patterns] = (exprs, [_first_bytes(ex, e) for e in exprs])
+            #: per slice, its expression and the bytes its strings can begin with (a necessary
+            #: condition of containment, below)
+            self.exprs, self.first = cache[patterns]
         self._cache: dict[int, np.ndarray] = {}
 
     @property
@@ -273,7 +271,7 @@ class SliceChecker:
             if not lexer.expanded[s]:
                 # the walk from ``s`` asks for its row first thing: build it now (the same
                 # expansion a kernel round would ask for), which also lets the row answer below
-                lexer.expand_many([s], EAGER_RESOLVE_BUDGET if lexer.eager else 0)
+                lexer.expand_many([s], lexer.resolve_budget)
             with lexer.lock, lexer.counting():
                 # one time budget for all the slices of a state: a state whose first proof runs
                 # out of time rarely has cheap ones after it, and the mask waits for all of them
