@@ -1,6 +1,7 @@
 """Helpers shared by several test modules: where installed data files are, small request helpers."""
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import time
@@ -58,3 +59,36 @@ def server_deps():
     except ImportError:  # pragma: no cover - depends on the install
         httpx = pytest.importorskip("httpx")
     return jsonschema, httpx
+
+
+def _ownerless(x) -> bool:
+    import numpy as np
+
+    if isinstance(x, np.ndarray):
+        return x.base is None and not x.flags.owndata
+    return isinstance(x, tuple) and any(_ownerless(y) for y in x)
+
+
+@contextlib.contextmanager
+def ownerless_arrays_returned():
+    """Collects the names of the engine's kernels that return to Python an array with no owner
+    (a view of a record's field: grammar/kstruct.py reads fields as borrowed views, which must not
+    outlive the call). Every call of a compiled function from Python goes through the hook; calls
+    between kernels are compiled code and do not."""
+    from numba.core.registry import CPUDispatcher
+
+    bad: list[str] = []
+    orig = CPUDispatcher.__call__
+
+    def call(self, *args, **kwargs):
+        out = orig(self, *args, **kwargs)
+        mod = getattr(self.py_func, "__module__", "") or ""
+        if (mod.startswith("grammask") or mod.startswith("test_")) and _ownerless(out):
+            bad.append(f"{mod}.{self.py_func.__qualname__}")
+        return out
+
+    CPUDispatcher.__call__ = call
+    try:
+        yield bad
+    finally:
+        CPUDispatcher.__call__ = orig

@@ -115,3 +115,84 @@ def test_a_dropped_record_frees_its_arrays_without_the_cyclic_collector():
     finally:
         if was:
             gc.enable()
+
+
+def _meminfo_of(a):  # typed and lowered by the intrinsic below
+    raise NotImplementedError
+
+
+from numba.core import cgutils, types  # noqa: E402
+from numba.extending import intrinsic  # noqa: E402
+
+
+@intrinsic
+def _meminfo(typingctx, a):
+    def codegen(context, builder, sig, args):
+        ary = context.make_array(sig.args[0])(context, builder, value=args[0])
+        return builder.ptrtoint(ary.meminfo, cgutils.intp_t)
+    return types.intp(a), codegen
+
+
+@njit(cache=False)
+def _field_meminfos(r):
+    own = r.states.copy()
+    return _meminfo(r.states), _meminfo(r.start_off), _meminfo(own)
+
+
+def test_a_field_read_in_a_kernel_is_borrowed_from_the_record():
+    """A field read in a kernel has no reference-counted owner (reference-count updates on it
+    are a test for NULL, not atomic adds); an array the kernel makes has one."""
+    r = kstruct(_rec())
+    states, start_off, own = _field_meminfos(r)
+    assert states == 0 and start_off == 0 and own != 0
+
+
+@njit(cache=False)
+def _fields_back(r):
+    return r.states, r.start_off[1:].copy()
+
+
+def test_a_field_returned_whole_is_the_array_itself():
+    t = _rec()
+    r = kstruct(t)
+    whole, copy = _fields_back(r)
+    assert whole is t.states
+    assert copy.flags.owndata or copy.base is not None
+
+
+def test_no_kernel_hands_python_an_array_without_owner():
+    """Borrowed field views must not outlive the call that read them: every array a kernel returns
+    to Python is a field returned whole (NumPy gets the array itself), a copy, or a new array,
+    never a view with no owner. Checked on every kernel call made from Python while a JSON
+    schema, a regex and an EBNF grammar are compiled, masked and advanced (``conftest`` runs the
+    same check over the whole suite with ``GRAMMASK_CHECK_OWNERLESS=1``); the check itself is
+    shown to catch a field's row returned as a view."""
+    from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+
+    from _support import ownerless_arrays_returned
+
+    vocab = [bytes([c]) for c in b'{}[]()":,abcxyz0123456789 .-'] + [b'"a"', b'{"', b'":', b'ab', b'12']
+    info = TokenizerInfo.from_vocab(vocab, stop_token_ids=[])
+    schema = {"type": "object", "properties": {"a": {"type": "string", "pattern": "^[a-c]{1,3}$"},
+                                               "b": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a", "b"]}
+    comp = GrammarCompiler(info, cache_enabled=False)
+    with ownerless_arrays_returned() as bad:
+        for text, cg in [('{"a":"ab","b":[12,3]}', comp.compile_json_schema(schema)),
+                         ("ab12", comp.compile_regex("(ab|c)[0-9]+")),
+                         ("x(y)z", comp.compile_grammar('root ::= [a-z] ("(" [a-z] ")")* [a-z]'))]:
+            m = GrammarMatcher(cg)
+            for ch in text.encode():
+                m.get_next_token_bitmask()
+                assert m.accept_token(vocab.index(bytes([ch]))), text
+            m.get_next_token_bitmask()
+            assert m.can_terminate()
+    assert not bad, sorted(set(bad))
+
+    @njit(cache=False)
+    def row_view(r):
+        return r.start_off[1]
+
+    with ownerless_arrays_returned() as bad:
+        row_view(kstruct(_rec()))
+    assert bad and bad[0].endswith("row_view")

@@ -16,16 +16,65 @@ kernels once; :func:`kstruct`'s constructor is cached on disk like the kernels.
 from __future__ import annotations
 
 from numba import njit, types
-from numba.core.extending import overload
+from numba.core import cgutils, imputils
+from numba.core.datamodel import default_manager, models
+from numba.core.extending import infer_getattr, lower_getattr_generic, lower_setattr_generic, overload
+from numba.core.typing.templates import AttributeTemplate
 from numba.experimental import structref
 
 
-@structref.register
 class KStructType(types.StructRef):
     """The Numba type of a :class:`KStruct`: one field per field of the named tuple."""
 
     def preprocess_fields(self, fields):
         return tuple((name, types.unliteral(t)) for name, t in fields)
+
+
+# Registered by hand rather than with ``structref.register``: the same data model and field writes
+# (made only by the constructor), but an array field is read as a *borrowed* view (``_getattr``).
+default_manager.register(KStructType, models.StructRefModel)
+
+
+@infer_getattr
+class _KStructAttribute(AttributeTemplate):
+    key = KStructType
+
+    def generic_resolve(self, typ, attr):
+        return typ.field_dict.get(attr)
+
+
+@lower_getattr_generic(KStructType)
+def _getattr(context, builder, typ, val, attr):
+    """``S.field`` in a kernel. An array field comes back without its reference-counted owner
+    (``meminfo`` NULL; ``parent``, the NumPy array, kept): the record holds the array alive for as
+    long as the kernel holds the record, and every reference-count update of the view (on each
+    read, on each call it is passed to, at each exit of those calls) is then a test for NULL
+    instead of an atomic add on a counter that all threads share. These updates were 15% of a
+    MaskBench pass (docs/lexer.md). The view must not outlive the call that read it: a kernel
+    returns a field to Python whole (NumPy then gets ``parent`` back, the array itself) or as a
+    copy, and never stores one in a container that outlives the call."""
+    data = structref._Utils(context, builder, typ).get_data_struct(val)
+    ret = getattr(data, attr)
+    fty = typ.field_dict[attr]
+    if isinstance(fty, types.Array):
+        ary = context.make_array(fty)(context, builder, value=ret)
+        ary.meminfo = cgutils.get_null_value(ary.meminfo.type)
+        ret = ary._getvalue()
+    return imputils.impl_ret_borrowed(context, builder, fty, ret)
+
+
+@lower_setattr_generic(KStructType)
+def _setattr(context, builder, sig, args, attr):
+    """``s.field = value``, in :func:`_struct_from` only: the record owns a reference to each value."""
+    sty, vty = sig.args
+    inst, value = args
+    data = structref._Utils(context, builder, sty).get_data_struct(inst)
+    fty = sty.field_dict[attr]
+    new = context.cast(builder, value, vty, fty)
+    old = getattr(data, attr)
+    context.nrt.incref(builder, fty, new)
+    context.nrt.decref(builder, fty, old)
+    setattr(data, attr, new)
 
 
 class KStruct(structref.StructRefProxy):
