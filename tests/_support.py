@@ -73,9 +73,12 @@ def _ownerless(x) -> bool:
 def ownerless_arrays_returned():
     """Collects the names of the engine's kernels that return to Python an array with no owner
     (a view of a record's field: grammar/kstruct.py reads fields as borrowed views, which must not
-    outlive the call). Every call of a compiled function from Python goes through the hook; calls
+    outlive the call), or a record other than the one :func:`~grammask.grammar.kstruct._to_struct`
+    made (records are borrowed in kernels: returning one gives away a reference). Every call of a compiled function from Python goes through the hook; calls
     between kernels are compiled code and do not."""
     from numba.core.registry import CPUDispatcher
+
+    from grammask.grammar.kstruct import KStruct
 
     bad: list[str] = []
     orig = CPUDispatcher.__call__
@@ -83,8 +86,11 @@ def ownerless_arrays_returned():
     def call(self, *args, **kwargs):
         out = orig(self, *args, **kwargs)
         mod = getattr(self.py_func, "__module__", "") or ""
+        name = f"{mod}.{self.py_func.__qualname__}"
         if (mod.startswith("grammask") or mod.startswith("test_")) and _ownerless(out):
-            bad.append(f"{mod}.{self.py_func.__qualname__}")
+            bad.append(name)
+        if isinstance(out, KStruct) and name != "grammask.grammar.kstruct._to_struct":
+            bad.append(name + " (returned a record)")   # records are borrowed in kernels
         return out
 
     CPUDispatcher.__call__ = call

@@ -18,7 +18,8 @@ from __future__ import annotations
 from numba import njit, types
 from numba.core import cgutils, imputils
 from numba.core.datamodel import default_manager, models
-from numba.core.extending import infer_getattr, lower_getattr_generic, lower_setattr_generic, overload
+from numba.core.extending import (NativeValue, box, infer_getattr, lower_getattr_generic, lower_setattr_generic,
+                                    overload, unbox)
 from numba.core.typing.templates import AttributeTemplate
 from numba.experimental import structref
 
@@ -30,9 +31,21 @@ class KStructType(types.StructRef):
         return tuple((name, types.unliteral(t)) for name, t in fields)
 
 
-# Registered by hand rather than with ``structref.register``: the same data model and field writes
-# (made only by the constructor), but an array field is read as a *borrowed* view (``_getattr``).
-default_manager.register(KStructType, models.StructRefModel)
+class _KStructModel(models.StructModel):
+    """A record in a kernel: the pointer to its payload's MemInfo, as ``StructRefModel``, but typed
+    as a plain pointer, so that Numba does not count it. A record passed from kernel to kernel is
+    borrowed from the Python object the outermost call was given (which holds it alive until that
+    call returns), where ``StructRefModel`` made an atomic add on entry and another on each exit
+    of every call it was passed to (``_memo_put``'s only counts: 24% of what was left of them)."""
+
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, [("meminfo", types.voidptr)])
+
+
+# Registered by hand rather than with ``structref.register``: the same layout and field writes
+# (made only by the constructor), but the record is not counted in kernels (``_KStructModel``) and
+# an array field is read as a *borrowed* view (``_getattr``).
+default_manager.register(KStructType, _KStructModel)
 
 
 @infer_getattr
@@ -104,7 +117,37 @@ class KStruct(structref.StructRefProxy):
         return f"KStruct({self._tuple!r})"
 
 
-structref.define_boxing(KStructType, KStruct)
+_MIP = types.MemInfoPointer(types.voidptr)
+
+
+@box(KStructType)
+def _box(typ, val, c):
+    """A record returned to Python: only :func:`_to_struct` returns one, the record it made; its
+    MemInfo's one reference goes to the Python object. (A kernel returning a record it was given
+    would give away a reference it does not hold: none does, see tests/test_kstruct.py.)"""
+    meminfo = cgutils.create_struct_proxy(typ)(c.context, c.builder, value=val).meminfo
+    boxed = c.box(_MIP, meminfo)
+    ctor = c.pyapi.unserialize(c.pyapi.serialize_object(KStruct._numba_box_))
+    tyobj = c.pyapi.unserialize(c.pyapi.serialize_object(typ))
+    res = c.pyapi.call_function_objargs(ctor, [tyobj, boxed])
+    for o in (ctor, tyobj, boxed):
+        c.pyapi.decref(o)
+    return res
+
+
+@unbox(KStructType)
+def _unbox(typ, obj, c):
+    """A record passed from Python: its MemInfo, held (one atomic add) until the call returns."""
+    mi_obj = c.pyapi.object_getattr_string(obj, "_meminfo")
+    mi = c.unbox(_MIP, mi_obj).value   # acquires a reference
+    c.pyapi.decref(mi_obj)
+    rec = cgutils.create_struct_proxy(typ)(c.context, c.builder)
+    rec.meminfo = mi
+
+    def release():
+        c.context.nrt.decref(c.builder, _MIP, mi)
+
+    return NativeValue(rec._getvalue(), cleanup=release)
 
 
 def _struct_from(nt):  # typed by the overload below; never runs in Python
@@ -115,6 +158,9 @@ def _struct_from(nt):  # typed by the overload below; never runs in Python
 def _ol_struct_from(nt):
     if not isinstance(nt, (types.NamedTuple, types.NamedUniTuple)):
         return None
+    if any(isinstance(t, KStructType) for t in nt.types):
+        raise TypeError("a record's fields are arrays and scalars, not records (records are not "
+                        "counted in kernels: a record field would not hold its record alive)")
     st = KStructType(list(zip(nt.fields, nt.types)))
     body = "".join(f"    s.{f} = nt[{i}]\n" for i, f in enumerate(nt.fields))
     src = f"def impl(nt):\n    s = new(st)\n{body}    return s\n"
