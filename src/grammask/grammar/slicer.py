@@ -406,7 +406,7 @@ def _capped_into(ex: ExprSet, e: int, begun, keep_and: bool, done: dict) -> int:
     r = done.get(e)
     if r is not None:
         return r
-    order = _post_order(ex, e, done, skip_not=True, skip_and=keep_and)
+    order = _post_order(ex, e, done, skip_not=True, skip_and=keep_and, counted_only=True)
     if order is None:
         return e
     for x in order:
@@ -417,7 +417,7 @@ def _capped_into(ex: ExprSet, e: int, begun, keep_and: bool, done: dict) -> int:
             v = _capped_counted_and(ex, x, begun, done)
         elif k == REPEAT:
             a, lo, hi = ex.args[x]
-            a2 = done[a]
+            a2 = done.get(a, a)   # not in ``done``: without a counter, itself
             hi2 = hi
             if hi != INF and hi > max(lo, 1):
                 cap = max(lo, begun(a))
@@ -425,7 +425,7 @@ def _capped_into(ex: ExprSet, e: int, begun, keep_and: bool, done: dict) -> int:
             v = x if (a2 == a and hi2 == hi) else ex.repeat(a2, lo, hi2)
         else:
             args = ex.args[x]
-            new = [done[y] for y in args]
+            new = [done.get(y, y) for y in args]
             if new == list(args):
                 v = x
             elif k == CONCAT:
@@ -435,7 +435,7 @@ def _capped_into(ex: ExprSet, e: int, begun, keep_and: bool, done: dict) -> int:
             else:
                 v = ex.intersect(*new)
         done[x] = v
-    return done[e]
+    return done.get(e, e)   # not in ``done``: without a counter, itself
 
 
 def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
@@ -513,7 +513,7 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
 def _bodies_within_star(ex: ExprSet, x: int, r: int) -> bool:
     """Every counted repetition of ``x`` that :func:`capped` may lower has a body whose words
     are words of ``r*`` (each iteration whole factors of ``r``: characters of a JSON string)."""
-    order = _post_order(ex, x, {}, skip_not=True, skip_and=True)
+    order = _post_order(ex, x, {}, skip_not=True, skip_and=True, counted_only=True)
     if order is None:
         return False
     for y in order:
@@ -525,19 +525,23 @@ def _bodies_within_star(ex: ExprSet, x: int, r: int) -> bool:
 
 
 def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,
-                skip_and: bool = False) -> list[int] | None:
+                skip_and: bool = False, counted_only: bool = False) -> list[int] | None:
     """The sub-expressions of ``e`` not in ``done``, children before parents (None: more than
     :data:`MAX_CAP_NODES`). With ``skip_not`` (``skip_and``) the inside of a complement (an
-    intersection) is not entered."""
+    intersection) is not entered. With ``counted_only``, neither is a sub-expression without a
+    counter that :func:`capped` may lower (:meth:`.ExprSet.has_counter`, a flag of the store):
+    capping leaves it as it is, and a large one (an enum of hundreds of strings beside a
+    ``maxLength``) was most of a first mask's time."""
     order: list[int] = []
     seen: set[int] = set()
+    ctr = ex._S.ctr if counted_only else None
     stack = [(e, False)]
     while stack:
         x, expanded = stack.pop()
         if expanded:
             order.append(x)
             continue
-        if x in seen or x in done:
+        if x in seen or x in done or (counted_only and not ctr[x]):
             continue
         seen.add(x)
         if len(seen) > MAX_CAP_NODES:
