@@ -14,7 +14,8 @@ instances with the compiled grammar kept (the steady state of a server that sees
 Peak RSS: the largest ``ru_maxrss`` of the engine's worker processes, once its tokenizer is loaded
 and over the run (a worker killed after a timeout or crash reports nothing). Each engine runs in
 its own worker process, which first compiles and masks a small schema (``WARM_SCHEMA``: kernels
-and first-use paths loaded, as a server's warm-up) and then freezes its heap out of the garbage
+and first-use paths loaded, as a server's warm-up; grammask's worker also loads every kernel of
+its disk cache first, ``grammask.preload_kernels()``, as ``grammask serve`` does) and then freezes its heap out of the garbage
 collector's full collections (``gc.freeze``, as ``grammask serve`` and vLLM do after their start;
 ``--no-gc-freeze`` to keep them); the full collections that still happen are timed and reported
 (count, longest, how many over 50 ms), and the schemas of the slowest masks are named. Every
@@ -109,8 +110,9 @@ class _Engine:
 
 class GrammaskEngine(_Engine):
     def __init__(self, tok_path: str):
-        from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo, allocate_token_bitmask
+        from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo, allocate_token_bitmask, preload_kernels
 
+        preload_kernels()   # every cached kernel loaded now, as a server does at startup
         self.info = TokenizerInfo.from_huggingface(tok_path)
         _ = self.info.trie
         self.compiler = GrammarCompiler(self.info, cache_size=0)

@@ -91,3 +91,26 @@ def test_missing_kernel_module_fails_loudly(tmp_path):
     (empty / "grammar" / "plain.py").write_text("x = 1\n")
     with pytest.raises(ImportError, match="no Numba kernel module"):
         jit_cache.invalidate_stale_kernel_cache(empty)
+
+
+def test_preload_loads_the_cached_kernels_before_any_call():
+    """In a fresh process, a kernel the cache holds (``py_deriv``, compiled here first) is not
+    loaded until called, unless :func:`preload_kernels` ran: then it is, with every other cached
+    signature, and a second preload has nothing left to do."""
+    import subprocess
+    import sys
+
+    from grammask.grammar.regex import parse_regex
+    from grammask.grammar.regexset import ExprSet
+
+    ex = ExprSet()
+    ex.deriv(parse_regex("ab|c", ex), ord("a"))   # py_deriv compiled, so cached on disk
+    code = ("from grammask.grammar import nodestore\n"
+            "from grammask import preload_kernels\n"
+            "before = len(nodestore.py_deriv.signatures)\n"
+            "n = preload_kernels()\n"
+            "print(before, n, len(nodestore.py_deriv.signatures), preload_kernels())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    before, n, after, again = map(int, out.stdout.split())
+    assert before == 0 and after >= 1 and n >= after and again == 0

@@ -21,6 +21,8 @@ from .grammar import (
     bitmask_words,
     canonical_tokenizer,
     fill_next_token_bitmasks,
+    preload_kernels,
+    preload_kernels_in_background,
     reset_token_bitmask,
     unpack_bitmask,
 )
@@ -30,5 +32,6 @@ __version__ = "0.1.0"
 __all__ = [
     "CanonicalTokenizer", "CompiledGrammar", "Grammar", "GrammarCompiler", "GrammarMatcher", "TokenizerInfo",
     "allocate_token_bitmask", "apply_token_bitmask_inplace", "bitmask_words", "canonical_tokenizer", "errors",
-    "fill_next_token_bitmasks", "reset_token_bitmask", "unpack_bitmask", "__version__",
+    "fill_next_token_bitmasks", "preload_kernels", "preload_kernels_in_background", "reset_token_bitmask",
+    "unpack_bitmask", "__version__",
 ]

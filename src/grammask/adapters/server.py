@@ -334,7 +334,12 @@ class GrammaskServer:
         return "grammask"
 
     async def start(self):
-        """Make the engine if there is none yet (idempotent); return it."""
+        """Make the engine if there is none yet (idempotent); return it. The cached kernels
+        load in a background thread meanwhile (:func:`~grammask.preload_kernels_in_background`),
+        so that no request's first mask waits for them."""
+        from ..grammar.jit_cache import preload_kernels_in_background
+
+        preload_kernels_in_background()
         if self._engine is not None:
             self._apply_name()
             return self._engine

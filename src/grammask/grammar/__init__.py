@@ -9,7 +9,7 @@ text and tagged JSON), ``tokenizer_info`` and ``toktrie`` (vocabulary), ``compil
 decoding), ``cache`` (the compiler's LRU of compiled grammars), ``bitmask`` (its
 application kernels in ``kernels``: one module per backend), ``utf8``.
 """
-from .jit_cache import invalidate_stale_kernel_cache
+from .jit_cache import invalidate_stale_kernel_cache, preload_kernels, preload_kernels_in_background
 
 invalidate_stale_kernel_cache()
 
