@@ -440,15 +440,20 @@ def _capped_into(ex: ExprSet, e: int, begun, keep_and: bool, done: dict) -> int:
 
 def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     """The intersection ``e = x & p r{0,hi}`` (a ``maxLength`` over a pattern or format, once
-    ``minLength`` is reached) with ``hi`` lowered to ``f + F + 1`` when larger, where ``f`` bounds
-    the factors of ``r`` that ``n`` bytes begin and ``F`` the factors that any pair reachable
-    from ``(x, p)`` needs to a word (:meth:`.ExprSet.counted_need_bound`); ``e`` itself otherwise
-    (another shape, a minimum left, an exploration past its bound).
+    ``minLength`` is reached) with the count dropped, ``x & p r*``, when ``hi > f + F + 1``, where
+    ``f`` bounds the factors of ``r`` that ``n`` bytes begin and ``F`` the factors that any pair
+    reachable from ``(x, p)`` needs to a word (:meth:`.ExprSet.counted_need_bound`); and that is
+    ``x`` itself where every word of ``x`` is a word of ``p r*`` (:meth:`.ExprSet.within_star`:
+    a pattern written in JSON string characters). ``e`` itself otherwise (another shape, a minimum
+    left, an exploration past its bound).
 
     Exact for strings of at most ``n`` bytes: every part of a derivative by such a string is
-    ``x' & s r{0,h}`` with ``h`` at least ``hi - f``, alive iff the pair ``(x', s)`` needs at most
-    ``h`` factors, which with ``h >= F`` it does exactly when it needs any finite number, in both
-    expressions; nullable iff ``x'`` and ``s`` are, in both.
+    ``x' & s r{0,h}`` with ``h`` at least ``hi - f > F``, alive iff the pair ``(x', s)`` needs at
+    most ``h`` factors, which it does exactly when it needs any finite number, as in
+    ``x' & s r*``; nullable iff ``x'`` and ``s`` are, in both. (Until session 19 the count was
+    lowered to ``f + F + 1`` instead: exact too, but each byte of the walk then counted down, so
+    every depth of the token trie was a lexer state of its own. A word count under
+    ``maxLength: 5000``, Github_easy---o21053, built 4,400 states for one mask.)
 
     ``x`` free of intersections and complements is capped too (its own counters: the words of a
     word-count pattern, so that every position of such a string shares one walk state) where
@@ -497,13 +502,17 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     f = begun(r)
     if hi > f + 1:
         # x capped where its words are within p r*, then x whole (the length counter alone)
-        tries = [x2] if ex.within_star(x2, p, r) else []
+        within = ex.within_star(x2, p, r)
+        tries = [x2] if within else []
         if x not in tries:
             tries.append(x)
         for y in tries:
             need = ex.counted_need_bound(y, p, r, MAX_NEED_PAIRS)
             if need is not None and hi > f + need + 1:
-                return ex.intersect(y, ex.concat(p, ex.repeat(r, 0, f + need + 1)))
+                # the count dropped, not lowered: no depth of the walk is a state of its own
+                if within and y == x2:
+                    return x2   # every word of x2 is one of p r*: x2 & p r* is x2
+                return ex.intersect(y, ex.concat(p, ex.repeat(r, 0, INF)))
     if x2 != x and ex.within_star(x2, p, r) and _bodies_within_star(ex, x, r):
         # the length counter kept as it is (within one token's reach, or no bound found)
         return ex.intersect(x2, c)
