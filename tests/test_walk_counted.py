@@ -20,7 +20,7 @@ import pytest
 from _support import llama3_info_and_tokenizer
 
 from grammask import GrammarCompiler, GrammarMatcher
-from grammask.grammar.regexset import AND, BYTES, REPEAT, ExprSet
+from grammask.grammar.regexset import AND, BYTES, EPS, REPEAT, ExprSet
 from grammask.grammar.slicer import capped
 
 ALPHABET = b"a \xc3\xa9\""
@@ -63,7 +63,10 @@ CASES = []
 for k in (2, 4, 5, 6, 9, 30):
     for hi in (3, 9, 11, 12, 13, 20, 60):
         CASES.append(("words", k, 0, hi))
-CASES += [("words", 6, 4, 40), ("words", 30, 15, 60),                  # a minimum left: no cap
+CASES += [("words", 6, 4, 40), ("words", 30, 1, 60), ("words", 9, 2, 20),  # a small minimum: the head
+          ("letters", 6, 1, 40), ("fixed", 12, 1, 40),
+          ("optwords", 30, 1, 60), ("optwords", 6, 1, 40), ("optwords", 9, 0, 20),  # ``^$|words``
+          ("words", 30, 15, 60),                                            # a large one: no cap
           ("fixed", 12, 0, 40), ("fixed", 12, 0, 24), ("fixed", 3, 0, 30),  # x needs many factors
           ("letters", 6, 0, 40), ("letters", 30, 0, 60)]                  # x not within r*
 
@@ -72,6 +75,8 @@ def _case(ex: ExprSet, kind: str, k: int, lo: int, hi: int) -> int:
     s, w, r = _chars(ex)
     if kind == "words":
         x = _words(ex, k)
+    elif kind == "optwords":         # a pattern ``^$|(words)``: the empty string or the words
+        x = ex.alt(EPS, _words(ex, k))
     elif kind == "fixed":            # exactly k+1 characters, then anything: need up to k+1
         x = ex.concat(ex.repeat(r, k + 1, k + 1), ex.star(r))
     else:                            # words of a's, but r is one letter: x is not within r*
@@ -128,9 +133,17 @@ def test_counted_and_is_capped_where_proven():
     got = counters(c)
     assert (0, 30) not in got and (0, 60) not in got      # the words capped, the length dropped
     assert all(hi == -1 or hi <= f + 1 for _lo, hi in got)
-    # a minimum left: nothing capped under the intersection
+    # a large minimum left: nothing capped under the intersection
     e = _case(ex, "words", 30, 15, 60)
     assert capped(ex, e, n, keep_and=True) == e
+    # a small one (minLength: 1, before the first character) is part of the head: capped alike
+    e = _case(ex, "words", 30, 1, 60)
+    c = capped(ex, e, n, keep_and=True)
+    assert c != e and (0, 60) not in counters(c) and (1, 60) not in counters(c)
+    # and so is a pattern's empty alternative before a minimum: the words alone lie within r*
+    e = _case(ex, "optwords", 30, 1, 60)
+    c = capped(ex, e, n, keep_and=True)
+    assert not ex.has_bool(c) and (1, 60) not in counters(c) and (0, 30) not in counters(c)
     # x outside r*: the intersection kept, its length counter unbounded
     e = _case(ex, "letters", 30, 0, 60)
     c = capped(ex, e, n, keep_and=True)

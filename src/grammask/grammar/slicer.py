@@ -323,6 +323,9 @@ INF_FLOAT = float("inf")
 MAX_CAP_NODES = 20_000
 #: entries of the memo of :func:`capped` (per ``n``) before it is cleared
 MAX_CAPPED_MEMO = 100_000
+#: the largest minimum of a counted intersection that :func:`capped` takes into the fixed head
+#: (``p r{lo,hi}`` as ``p r^lo r{0,hi-lo}``); a larger one keeps the intersection as it is
+MAX_FIXED_MIN = 8
 #: pairs one exploration of :meth:`.ExprSet.counted_need_bound` may meet for a walk state (the
 #: word-count patterns of MaskBench need a few thousand); past it the counter stays exact
 MAX_NEED_PAIRS = 10_000
@@ -439,13 +442,14 @@ def _capped_into(ex: ExprSet, e: int, begun, keep_and: bool, done: dict) -> int:
 
 
 def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
-    """The intersection ``e = x & p r{0,hi}`` (a ``maxLength`` over a pattern or format, once
-    ``minLength`` is reached) with the count dropped, ``x & p r*``, when ``hi > f + F + 1``, where
-    ``f`` bounds the factors of ``r`` that ``n`` bytes begin and ``F`` the factors that any pair
-    reachable from ``(x, p)`` needs to a word (:meth:`.ExprSet.counted_need_bound`); and that is
-    ``x`` itself where every word of ``x`` is a word of ``p r*`` (:meth:`.ExprSet.within_star`:
-    a pattern written in JSON string characters). ``e`` itself otherwise (another shape, a minimum
-    left, an exploration past its bound).
+    """The intersection ``e = x & p r{0,hi}`` (a ``maxLength`` over a pattern or format; a
+    minimum ``lo`` up to :data:`MAX_FIXED_MIN` is read as ``p r^lo r{0,hi-lo}``) with the count
+    dropped, ``x & p r*``, when ``hi > f + F + 1``, where ``f`` bounds the factors of ``r`` that
+    ``n`` bytes begin and ``F`` the factors that any pair reachable from ``(x, p)`` needs to a
+    word (:meth:`.ExprSet.counted_need_bound`); and that is ``x`` itself where every word of ``x``
+    is a word of ``p r*`` (:meth:`.ExprSet.within_star`: a pattern written in JSON string
+    characters). ``e`` itself otherwise (another shape, a larger minimum, an exploration past its
+    bound).
 
     Exact for strings of at most ``n`` bytes: every part of a derivative by such a string is
     ``x' & s r{0,h}`` with ``h`` at least ``hi - f > F``, alive iff the pair ``(x', s)`` needs at
@@ -488,23 +492,34 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     best = None
     for c in args:
         cp = ex._counted_part(c)
-        if cp is not None and cp[2] == 0 and cp[3] != INF and (best is None or cp[3] > best[1][3]):
+        if cp is not None and cp[2] <= MAX_FIXED_MIN and cp[3] != INF and (best is None or cp[3] > best[1][3]):
             best = (c, cp)
     if best is None:
         return e
-    c, (p, r, _lo, hi) = best
+    c, (p, r, lo, hi) = best
+    if lo:
+        # p r{lo,hi} is p r^lo r{0,hi-lo}: a small minimum (a string's minLength: 1, before
+        # its first character) becomes part of the fixed head, the same language
+        p = ex.concat(p, ex.repeat(r, lo, lo))
+        hi -= lo
     x = ex.intersect(*[y for y in args if y != c])
     if ex.has_bool(x):
         # formats built with intersections and complements (email, uri): their pair graphs run
         # past any useful bound (Github_medium---o6230: 20,000 pairs and 0.4 s, refused)
         return e
+    if lo and ex.kind[x] == OR and EPS in ex.args[x]:
+        # the empty word of x (a pattern's ``^$|…``) is no word of p r^lo…: the intersection
+        # is the same without it, and x's other words may then lie within p r*
+        x = ex.alt(*[y for y in ex.args[x] if y != EPS])
     x2 = _capped_into(ex, x, begun, True, done)
     f = begun(r)
     if hi > f + 1:
-        # x capped where its words are within p r*, then x whole (the length counter alone)
+        # x capped where its words are within p r*, then x whole (the length counter alone;
+        # not with a minimum taken into the head: before the fold such a state was left as it
+        # is, and exploring x whole, a count of 99 words, meets thousands of pairs)
         within = ex.within_star(x2, p, r)
         tries = [x2] if within else []
-        if x not in tries:
+        if x not in tries and not lo:
             tries.append(x)
         for y in tries:
             need = ex.counted_need_bound(y, p, r, MAX_NEED_PAIRS)
