@@ -66,6 +66,8 @@ for k in (2, 4, 5, 6, 9, 30):
 CASES += [("words", 6, 4, 40), ("words", 30, 1, 60), ("words", 9, 2, 20),  # a small minimum: the head
           ("letters", 6, 1, 40), ("fixed", 12, 1, 40),
           ("optwords", 30, 1, 60), ("optwords", 6, 1, 40), ("optwords", 9, 0, 20),  # ``^$|words``
+          ("words", 30, 1, -1), ("words", 9, 0, -1), ("optwords", 30, 1, -1),   # a minLength alone
+          ("letters", 6, 1, -1), ("fixed", 12, 0, -1), ("words", 30, 15, -1),
           ("words", 30, 15, 60),                                            # a large one: no cap
           ("fixed", 12, 0, 40), ("fixed", 12, 0, 24), ("fixed", 3, 0, 30),  # x needs many factors
           ("letters", 6, 0, 40), ("letters", 30, 0, 60)]                  # x not within r*
@@ -140,6 +142,11 @@ def test_counted_and_is_capped_where_proven():
     e = _case(ex, "words", 30, 1, 60)
     c = capped(ex, e, n, keep_and=True)
     assert c != e and (0, 60) not in counters(c) and (1, 60) not in counters(c)
+    # a minimum and no maximum (``minLength`` alone): the word count capped, the intersection gone
+    for kind, lo in (("words", 1), ("words", 0), ("optwords", 1)):
+        e = _case(ex, kind, 30, lo, -1)
+        c = capped(ex, e, n, keep_and=True)
+        assert not ex.has_bool(c) and (0, 30) not in counters(c), (kind, lo)
     # and so is a pattern's empty alternative before a minimum: the words alone lie within r*
     e = _case(ex, "optwords", 30, 1, 60)
     c = capped(ex, e, n, keep_and=True)

@@ -495,7 +495,7 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
         if cp is not None and cp[2] <= MAX_FIXED_MIN and cp[3] != INF and (best is None or cp[3] > best[1][3]):
             best = (c, cp)
     if best is None:
-        return e
+        return _capped_star_and(ex, e, begun, done)
     c, (p, r, lo, hi) = best
     if lo:
         # p r{lo,hi} is p r^lo r{0,hi-lo}: a small minimum (a string's minLength: 1, before
@@ -532,6 +532,53 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
         # the length counter kept as it is (within one token's reach, or no bound found)
         return ex.intersect(x2, c)
     return e
+
+
+def _star_part(ex: ExprSet, c: int):
+    """``(p, r, lo)`` when ``c`` is ``p r{lo,}`` free of intersections and complements (a
+    ``minLength``, or the rest of one once reached: ``r*``), else None."""
+    if ex.has_bool(c):
+        return None
+    heads = []
+    while ex.kind[c] == CONCAT:
+        a, c = ex.args[c]
+        heads.append(a)
+    if ex.kind[c] != REPEAT:
+        return None
+    r, lo, hi = ex.args[c]
+    if hi != INF:
+        return None
+    return ex.concat(*heads), r, (0 if ex.nullable(r) else lo)
+
+
+def _capped_star_and(ex: ExprSet, e: int, begun, done: dict) -> int:
+    """The intersection ``e = x & p r{lo,}`` (a pattern under a ``minLength`` and no
+    ``maxLength``; after the minimum, ``x & p r*``) as ``x2``, ``x`` with its own counters capped
+    (:func:`capped`), where every word of ``x2`` is a word of ``p r^lo r*``
+    (:meth:`.ExprSet.within_star`; ``lo`` up to :data:`MAX_FIXED_MIN`); ``e`` itself otherwise.
+
+    Exact for strings ``q`` of at most ``n`` bytes: ``q`` is in ``x2`` iff in ``x``, and ``x2``
+    lies within the other part, so acceptance agrees; a completion in ``x2`` is one in ``e``, and
+    ``q`` alive in ``e`` is alive in ``x``, hence in ``x2`` (the prefixes :func:`capped` keeps).
+    What a word count without ``maxLength`` needs (``{0,199}`` words, Github_hard---o21074): the
+    intersection kept its counter whole, so every word of the string was a new walk state with
+    its own slice proofs (34 ms each)."""
+    args = ex.args[e]
+    for c in args:
+        sp = _star_part(ex, c)
+        if sp is None or sp[2] > MAX_FIXED_MIN:
+            continue
+        p, r, lo = sp
+        x = ex.intersect(*[y for y in args if y != c])
+        if ex.has_bool(x):
+            continue
+        if not ex.nullable(c) and ex.kind[x] == OR and EPS in ex.args[x]:
+            x = ex.alt(*[y for y in ex.args[x] if y != EPS])   # not a word of c: the same
+        x2 = _capped_into(ex, x, begun, True, done)
+        head = ex.concat(p, ex.repeat(r, lo, lo)) if lo else p
+        if ex.within_star(x2, head, r):
+            return x2
+    return e   # (a pattern may end in a star too: every part of that shape is tried)
 
 
 def _bodies_within_star(ex: ExprSet, x: int, r: int) -> bool:
