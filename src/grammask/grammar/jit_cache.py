@@ -109,15 +109,14 @@ def preload_kernels(root: Path = PACKAGE_ROOT) -> int:
             cache = getattr(obj, "_cache", None)
             if cache is None or not getattr(cache, "_enabled", False):
                 continue
-            try:
+            try:   # Numba's cache internals: if they change, the lazy loads still work
                 index = cache._cache_file._load_index()
-            except Exception:   # an unreadable or foreign index: the lazy load will cope
+                codegen = obj.targetctx.codegen()
+                todo = [key[0] for key in list(index)
+                        if key[0] not in obj.overloads and key == cache._index_key(key[0], codegen)]
+            except Exception:   # noqa: BLE001 - an unreadable or foreign index
                 continue
-            codegen = obj.targetctx.codegen()
-            for key in list(index):
-                sig = key[0]
-                if sig in obj.overloads or key != cache._index_key(sig, codegen):
-                    continue   # loaded already, or cached for another machine or older code
+            for sig in todo:   # (a key of another machine or older code is left out above)
                 obj.compile(sig)
                 n += 1
     return n

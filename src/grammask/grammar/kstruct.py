@@ -12,6 +12,13 @@ A record never changes after it is made: writes go into its arrays (shared with 
 array replaced (grown) means a new record (``rec._replace(...)``, as for a named tuple). The
 struct type follows the tuple's field names and array types, so each kind of record compiles its
 kernels once; :func:`kstruct`'s constructor is cached on disk like the kernels.
+
+Nothing is reference-counted inside the kernels (docs/lexer.md: those atomic counts were 15% of a
+MaskBench pass): a record is a plain pointer there, held once by the call from Python, and a field
+read in a kernel is a borrowed view of the record's array. Such a view must not outlive the call:
+a kernel returns a field whole (NumPy gets the array itself back) or a copy, never a slice, and
+returns no record but the one :func:`_to_struct` makes; ``GRAMMASK_CHECK_OWNERLESS=1 pytest``
+checks both on every kernel call of the suite.
 """
 from __future__ import annotations
 
