@@ -569,9 +569,9 @@ class ExprSet:
             return self._alive_counted(e)
         return None
 
-    def _counted_part(self, c: int):
-        """``(p, r, lo, hi)`` when ``c`` is ``p r{lo,hi}`` free of intersections/complements with
-        a counter (``lo > 1`` or a finite ``hi > 1``), else None."""
+    def head_and_repeat(self, c: int):
+        """``(p, r, lo, hi)`` when ``c`` is ``p r{lo,hi}`` (``p`` the concatenation before a
+        final repeat, EPS for none) free of intersections/complements, else None."""
         if self._has_bool[c]:
             return None
         kind, args = self.kind, self.args
@@ -581,8 +581,16 @@ class ExprSet:
             heads.append(a)
         if kind[c] != REPEAT:
             return None
-        p = self.concat(*heads)   # EPS for none, the head itself for one
-        r, lo, hi = self.args[c]
+        r, lo, hi = args[c]
+        return self.concat(*heads), r, lo, hi
+
+    def _counted_part(self, c: int):
+        """:meth:`head_and_repeat` when the repeat is a counter (``lo > 1`` or a finite
+        ``hi > 1``), else None."""
+        hr = self.head_and_repeat(c)
+        if hr is None:
+            return None
+        p, r, lo, hi = hr
         if lo <= 1 and (hi == INF or hi <= 1):
             return None
         if self._nullable[r]:

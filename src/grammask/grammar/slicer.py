@@ -497,21 +497,14 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     if best is None:
         return _capped_star_and(ex, e, begun, done)
     c, (p, r, lo, hi) = best
-    if lo:
-        # p r{lo,hi} is p r^lo r{0,hi-lo}: a small minimum (a string's minLength: 1, before
-        # its first character) becomes part of the fixed head, the same language
-        p = ex.concat(p, ex.repeat(r, lo, lo))
-        hi -= lo
-    x = ex.intersect(*[y for y in args if y != c])
-    if ex.has_bool(x):
-        # formats built with intersections and complements (email, uri): their pair graphs run
-        # past any useful bound (Github_medium---o6230: 20,000 pairs and 0.4 s, refused)
+    # p r{lo,hi} is p r^lo r{0,hi-lo}: a small minimum (a string's minLength: 1, before its
+    # first character) becomes part of the fixed head, the same language
+    p = ex.concat(p, ex.repeat(r, lo, lo))
+    hi -= lo
+    parts = _pattern_part(ex, args, c, begun, done)
+    if parts is None:
         return e
-    if lo and ex.kind[x] == OR and EPS in ex.args[x]:
-        # the empty word of x (a pattern's ``^$|…``) is no word of p r^lo…: the intersection
-        # is the same without it, and x's other words may then lie within p r*
-        x = ex.alt(*[y for y in ex.args[x] if y != EPS])
-    x2 = _capped_into(ex, x, begun, True, done)
+    x, x2 = parts
     f = begun(r)
     if hi > f + 1:
         # x capped where its words are within p r*, then x whole (the length counter alone;
@@ -534,23 +527,6 @@ def _capped_counted_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     return e
 
 
-def _star_part(ex: ExprSet, c: int):
-    """``(p, r, lo)`` when ``c`` is ``p r{lo,}`` free of intersections and complements (a
-    ``minLength``, or the rest of one once reached: ``r*``), else None."""
-    if ex.has_bool(c):
-        return None
-    heads = []
-    while ex.kind[c] == CONCAT:
-        a, c = ex.args[c]
-        heads.append(a)
-    if ex.kind[c] != REPEAT:
-        return None
-    r, lo, hi = ex.args[c]
-    if hi != INF:
-        return None
-    return ex.concat(*heads), r, (0 if ex.nullable(r) else lo)
-
-
 def _capped_star_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     """The intersection ``e = x & p r{lo,}`` (a pattern under a ``minLength`` and no
     ``maxLength``; after the minimum, ``x & p r*``) as ``x2``, ``x`` with its own counters capped
@@ -565,20 +541,32 @@ def _capped_star_and(ex: ExprSet, e: int, begun, done: dict) -> int:
     its own slice proofs (34 ms each)."""
     args = ex.args[e]
     for c in args:
-        sp = _star_part(ex, c)
-        if sp is None or sp[2] > MAX_FIXED_MIN:
+        hr = ex.head_and_repeat(c)
+        if hr is None or hr[3] != INF:
             continue
-        p, r, lo = sp
-        x = ex.intersect(*[y for y in args if y != c])
-        if ex.has_bool(x):
+        p, r, lo, _hi = hr
+        lo = 0 if ex.nullable(r) else lo
+        if lo > MAX_FIXED_MIN:
             continue
-        if not ex.nullable(c) and ex.kind[x] == OR and EPS in ex.args[x]:
-            x = ex.alt(*[y for y in ex.args[x] if y != EPS])   # not a word of c: the same
-        x2 = _capped_into(ex, x, begun, True, done)
-        head = ex.concat(p, ex.repeat(r, lo, lo)) if lo else p
-        if ex.within_star(x2, head, r):
-            return x2
+        parts = _pattern_part(ex, args, c, begun, done)
+        if parts is not None and ex.within_star(parts[1], ex.concat(p, ex.repeat(r, lo, lo)), r):
+            return parts[1]
     return e   # (a pattern may end in a star too: every part of that shape is tried)
+
+
+def _pattern_part(ex: ExprSet, args, c: int, begun, done: dict):
+    """``(x, x2)`` for the intersection of ``args`` but its length part ``c``: ``x`` the other
+    parts, without their empty word where ``c`` has none (a pattern's ``^$|…``: the intersection
+    is the same, and ``x``'s other words may then lie within ``c``'s shape), ``x2`` that with its
+    own counters capped; None where ``x`` holds intersections or complements (formats such as
+    email and uri: their pair graphs run past any useful bound, Github_medium---o6230: 20,000
+    pairs and 0.4 s, refused)."""
+    x = ex.intersect(*[y for y in args if y != c])
+    if ex.has_bool(x):
+        return None
+    if not ex.nullable(c) and ex.kind[x] == OR and EPS in ex.args[x]:
+        x = ex.alt(*[y for y in ex.args[x] if y != EPS])
+    return x, _capped_into(ex, x, begun, True, done)
 
 
 def _bodies_within_star(ex: ExprSet, x: int, r: int) -> bool:
@@ -605,14 +593,13 @@ def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,
     ``maxLength``) was most of a first mask's time."""
     order: list[int] = []
     seen: set[int] = set()
-    ctr = ex._S.ctr if counted_only else None
     stack = [(e, False)]
     while stack:
         x, expanded = stack.pop()
         if expanded:
             order.append(x)
             continue
-        if x in seen or x in done or (counted_only and not ctr[x]):
+        if x in seen or x in done or (counted_only and not ex.has_counter(x)):
             continue
         seen.add(x)
         if len(seen) > MAX_CAP_NODES:
