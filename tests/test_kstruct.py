@@ -4,6 +4,8 @@ from collections import namedtuple
 import numpy as np
 import pytest
 from numba import njit
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from grammask.grammar.earley import MissingRequests
 from grammask.grammar.kstruct import KStruct, kstruct
@@ -117,16 +119,9 @@ def test_a_dropped_record_frees_its_arrays_without_the_cyclic_collector():
             gc.enable()
 
 
-def _meminfo_of(a):  # typed and lowered by the intrinsic below
-    raise NotImplementedError
-
-
-from numba.core import cgutils, types  # noqa: E402
-from numba.extending import intrinsic  # noqa: E402
-
-
 @intrinsic
 def _meminfo(typingctx, a):
+    """The address of an array's reference-counted owner (0: none), in a kernel."""
     def codegen(context, builder, sig, args):
         ary = context.make_array(sig.args[0])(context, builder, value=args[0])
         return builder.ptrtoint(ary.meminfo, cgutils.intp_t)
