@@ -29,6 +29,12 @@ so the work done before the stop is found again, not repeated)
     open addressing, node id + 1 (0: a free slot), by the hash of the node's contents.
 ``dkey``, ``dval``
     the derivative memo, open addressing: ``(e << 8 | byte) + 1`` and the derivative.
+``nkey``, ``nkr``, ``nval``
+    the least counts of counted intersections, open addressing: for the pair ``(x, p)`` and the
+    factor ``r`` of ``x & p r{0,h}`` (``nkey`` holds ``(x << 32 | p) + 1``, ``nkr`` ``r``),
+    the fewest factors of ``r`` a word of ``x & p r*`` begins, -1 where it has none (filled by
+    :meth:`~.regexset.ExprSet._counted_need`; read by :func:`counted_lookup`: such an
+    intersection is non-empty exactly when that least count is at most ``h``, whatever ``h``).
 ``cnt``
     counters, see the ``C_*`` constants.
 ``xs``, ``tw``, ``tt``, ``fr``, ``vals``, ``arena``, ``wk``, ``wparts``
@@ -60,8 +66,8 @@ INF = -1
 
 #: ``cnt`` slots: nodes, pool entries, byte masks, hash entries, memoised derivatives, the status
 #: of the last call, the most nodes allowed, derivatives made (all time), "grow soon" flag
-C_NODES, C_POOL, C_BM, C_HT, C_DM, C_STATUS, C_MAX, C_DERIVS, C_GROW, C_SYNCED, C_POOL_NEED, C_EPOCH, C_EPOCH2 = \
-    range(13)
+C_NODES, C_POOL, C_BM, C_HT, C_DM, C_STATUS, C_MAX, C_DERIVS, C_GROW, C_SYNCED, C_POOL_NEED, C_EPOCH, C_EPOCH2, \
+    C_NT = range(14)
 #: rows of the ``wk`` scratch: the stack of :func:`_classes`; the parts and stack of
 #: :func:`concat2`; the children and stack of :func:`_flat`; the items of :func:`alt` and
 #: :func:`_isect_prep`; the pair of :func:`_derived`; the derivatives met, their parents and the
@@ -79,8 +85,12 @@ DONE = 0
 NEED_ROOM = 1
 TOO_MANY = 2
 
+#: the initial size of the least-count table (``nkey``...: a power of two)
+NEED_TABLE = 1 << 10
+
 NodeArrays = namedtuple("NodeArrays",
-                        "kind a b c nul hb liv ctr mark mark2 pool bm htab dkey dval cnt xs tw tt fr vals arena wk wparts")
+                        "kind a b c nul hb liv ctr mark mark2 pool bm htab dkey dval nkey nkr nval cnt xs tw tt fr vals arena wk "
+                        "wparts")
 
 
 def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks: int = 256,
@@ -93,6 +103,7 @@ def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks:
         liv=np.zeros(nodes, np.uint8), ctr=np.zeros(nodes, np.uint8), mark=np.zeros(nodes, np.int32), mark2=np.zeros(nodes, np.int32),
         pool=np.zeros(pool, np.int64), bm=np.zeros((masks, 4), np.uint64),
         htab=np.zeros(table, np.int64), dkey=np.zeros(memo, np.int64), dval=np.zeros(memo, np.int64),
+        nkey=np.zeros(NEED_TABLE, np.int64), nkr=np.zeros(NEED_TABLE, np.int64), nval=np.zeros(NEED_TABLE, np.int64),
         cnt=cnt, xs=np.zeros(scratch, np.int64), tw=np.zeros((256, 4), np.uint64),
         tt=np.zeros(256, np.int64), fr=np.zeros((256, 4), np.int64), vals=np.zeros(256, np.int64),
         arena=np.zeros(256, np.int64), wk=np.zeros((10, WK), np.int64), wparts=np.zeros((256, 4), np.uint64))
@@ -991,6 +1002,174 @@ def ladder_next(S, e, n):
 
 # ------------------------------------------------------------------------------ emptiness
 @njit(nogil=True, cache=True)
+def _find3(S, kind, a, b, c):
+    """The node ``(kind, a, b, c)`` of :func:`mk3` if it exists, else -1 (nothing is made)."""
+    h = _h(_h(_h(_h(np.uint64(kind), kind), a), b), c)
+    ht = S.htab
+    sk = S.kind
+    sa = S.a
+    sb = S.b
+    sc = S.c
+    mask = ht.shape[0] - 1
+    slot = np.int64(h & np.uint64(mask))
+    while ht[slot] != 0:
+        i = ht[slot] - 1
+        if sk[i] == kind and sa[i] == a and sb[i] == b and sc[i] == c:
+            return i
+        slot = (slot + 1) & mask
+    return -1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _need_slot(nk, key, r):
+    return np.int64(_h(_h(np.uint64(0), key), r) & np.uint64(nk.shape[0] - 1))
+
+
+@njit(nogil=True, cache=True)
+def counted_lookup(S, e):
+    """Whether ``e = x & p r{0,h}`` is non-empty, from the least-count table (``nkey``...): 1
+    when the fewest factors of ``r`` a word of ``x & p r*`` begins is at most ``h``, 0 when it
+    is more or there is no word; -1 when the pair is not in the table or ``e`` has another shape.
+
+    The shape is :meth:`~.regexset.ExprSet._alive_counted`'s, read the same way: an intersection
+    of two, the counted part ``c = a1 … ak r{lo,hi}`` (a right-nested concatenation without
+    intersections or complements ending in a counter; ``lo`` read as 0 where ``r`` is nullable;
+    of two such parts, the one with the larger ``max(lo, hi)``, the first on a tie), ``x`` the
+    other, ``p`` the concatenation of the heads (looked up, not made: a pair Python stored has
+    its ``p``). Only ``lo`` 0: non-emptiness is then monotone in ``h``, so one number per pair
+    decides it for every count, and the states of a ``maxLength`` string that differ only in the
+    count left share it."""
+    kind = S.kind
+    if kind[e] != AND or S.b[e] != 2:
+        return -1
+    pool = S.pool
+    sa = S.a
+    sb = S.b
+    sc = S.c
+    base = sa[e]
+    best = -1
+    best_k = 0
+    for j in range(2):
+        c = pool[base + j]
+        if S.hb[c]:
+            continue
+        y = c
+        while kind[y] == CONCAT:
+            y = sb[y]
+        if kind[y] != REPEAT:
+            continue
+        lo = sb[y]
+        hi = sc[y]
+        if lo <= 1 and (hi == INF or hi <= 1):
+            continue
+        if S.nul[sa[y]]:
+            lo = 0
+        k = max(lo, hi)
+        if best < 0 or k > best_k:
+            best = j
+            best_k = k
+    if best < 0:
+        return -1
+    c = pool[base + best]
+    x = pool[base + 1 - best]
+    n_heads = 0
+    y = c
+    while kind[y] == CONCAT:
+        y = sb[y]
+        n_heads += 1
+    r = sa[y]
+    lo = 0 if S.nul[r] else sb[y]
+    hi = sc[y]
+    if lo != 0 or hi == INF or n_heads > 64:
+        return -1
+    # p: the heads folded from the right (the chain's own nodes end in the counter, not in p)
+    p = EPS
+    for i in range(n_heads - 1, -1, -1):
+        z = c
+        for _ in range(i):
+            z = sb[z]
+        a = sa[z]
+        p = a if p == EPS else _find3(S, CONCAT, a, p, 0)
+        if p < 0:
+            return -1
+    nk = S.nkey
+    key = x << 32 | p
+    mask = nk.shape[0] - 1
+    slot = _need_slot(nk, key, r)
+    while nk[slot] != 0:
+        if nk[slot] == key + 1 and S.nkr[slot] == r:
+            v = S.nval[slot]
+            return 1 if (0 <= v <= hi) else 0
+        slot = (slot + 1) & mask
+    return -1
+
+
+@njit(nogil=True, cache=True)
+def structural_lookup(S, e):
+    """:func:`counted_lookup` through concatenations (a string's counted content before its
+    closing quote): ``e``'s parts are each non-empty or decided so by their liveness flag or the
+    table (1), one is empty (0); -1 when a part is undecided."""
+    kind = S.kind
+    liv = S.liv
+    hb = S.hb
+    y = e
+    while True:
+        part = S.a[y] if kind[y] == CONCAT else y
+        if part == EMPTY or liv[part] == DEAD:
+            return 0
+        if hb[part] and not S.nul[part] and liv[part] != LIVE:
+            q = counted_lookup(S, part)
+            if q < 0:
+                return -1
+            liv[part] = LIVE if q else DEAD
+            if q == 0:
+                return 0
+        if kind[y] != CONCAT:
+            return 1
+        y = S.b[y]
+
+
+@njit(nogil=True, cache=True)
+def need_put(S, key, r, v):
+    """Store the least count ``v`` of the pair ``key = x << 32 | p`` and factor ``r`` (see
+    :func:`counted_lookup`); 0 when the table is half full (Python grows it first), else 1."""
+    nk = S.nkey
+    cnt = S.cnt
+    if 2 * (cnt[C_NT] + 1) > nk.shape[0]:
+        return 0
+    mask = nk.shape[0] - 1
+    slot = _need_slot(nk, key, r)
+    while nk[slot] != 0:
+        if nk[slot] == key + 1 and S.nkr[slot] == r:
+            S.nval[slot] = v
+            return 1
+        slot = (slot + 1) & mask
+    S.nkr[slot] = r
+    S.nval[slot] = v
+    nk[slot] = key + 1
+    cnt[C_NT] += 1
+    return 1
+
+
+@njit(nogil=True, cache=True)
+def need_rehash(S, nk, nr, nv):
+    """Fill the new, larger least-count table ``nk``/``nr``/``nv`` from ``S``'s."""
+    old = S.nkey
+    mask = nk.shape[0] - 1
+    for s in range(old.shape[0]):
+        k1 = old[s]
+        if k1 == 0:
+            continue
+        r = S.nkr[s]
+        slot = _need_slot(nk, k1 - 1, r)
+        while nk[slot] != 0:
+            slot = (slot + 1) & mask
+        nk[slot] = k1
+        nr[slot] = r
+        nv[slot] = S.nval[s]
+
+
+@njit(nogil=True, cache=True)
 def alive_search(S, e, limit):
     """Whether the language of ``e`` is non-empty, by a depth-first walk over its derivatives:
     1 when a derivative accepts the empty string, has no intersection or complement left, or is
@@ -1002,7 +1181,8 @@ def alive_search(S, e, limit):
     stopped at 0.6M), -2 when the store is out of room. What a walk decides is
     kept for every derivative it met (``liv``): each one on the path to a non-empty derivative is
     non-empty; when none is found, all are empty. The lexer's next states are derivatives on
-    that path, so their checks are then lookups."""
+    that path, so their checks are then lookups. A counted intersection whose pair is in the
+    least-count table is decided by it (:func:`counted_lookup`), without a walk."""
     nul = S.nul
     hb = S.hb
     liv = S.liv
@@ -1012,6 +1192,12 @@ def alive_search(S, e, limit):
         return 1
     if liv[e] == DEAD:
         return 0
+    kind = S.kind
+    if kind[e] == AND or kind[e] == CONCAT:
+        q = structural_lookup(S, e)
+        if q >= 0:
+            liv[e] = LIVE if q else DEAD
+            return q
     cnt = S.cnt
     d_max = cnt[C_DERIVS] + WALK_DERIVS_PER_STATE * limit
     mark = S.mark2   # the derivatives met (stamped with this walk's number)
@@ -1044,6 +1230,13 @@ def alive_search(S, e, limit):
             if mark[t] == ep:
                 continue
             mark[t] = ep
+            if (kind[t] == AND or kind[t] == CONCAT) and not nul[t] and liv[t] != LIVE:
+                q = structural_lookup(S, t)
+                if q == 0:
+                    liv[t] = DEAD
+                    continue
+                if q == 1:
+                    liv[t] = LIVE
             if n == met.shape[0]:
                 met = _grow1(met)
                 parent = _grow1(parent)

@@ -50,6 +50,9 @@ MAX_PREFIX_CACHE = 2_000_000
 MAX_COUNT = 1 << 62
 #: entries of ExprSet.counted_need_bound's memo before it starts over
 MAX_NEED_MEMO = 200_000
+#: pairs :meth:`ExprSet._counted_need` may meet before it leaves a pair to the other searches
+NEED_EXACT_PAIRS = 4_000
+NEED_REFUSED = -3          # _counted_need: past NEED_EXACT_PAIRS (kept in the memo, not the table)
 MOST_UNBOUNDED = 1 << 62   # _counted_most: words with any number of factors
 MOST_REFUSED = -2          # _counted_most: the pair's graph was past the exploration's limit
 #: pairs the most-factors exploration may meet when it is tried first (a minLength check); past it
@@ -73,6 +76,8 @@ _py_repeat = FastCall(ns.py_repeat)
 _py_deriv = FastCall(ns.py_deriv)
 _py_literal = FastCall(ns.py_literal)
 _py_transitions = FastCall(ns.py_transitions)
+_need_put = FastCall(ns.need_put)
+_need_rehash = FastCall(ns.need_rehash)
 _rehash = ns.rehash
 
 
@@ -143,6 +148,10 @@ class ExprSet:
         # from (x, s) (see counted_need_bound), or -1 where the exploration was refused
         self._need_memo: dict[int, int] = {}
         self._within: dict[int, bool] = {}   # (x << 32 | p) << 32 | r -> within_star
+        # (x << 32 | s) << 32 | r -> the fewest factors of r a word of x & s r* begins from the
+        # pair (x, s), -1 where none: exact (see _counted_need); mirrored in the store's table,
+        # where the compiled emptiness checks read it
+        self._need_exact: dict[int, int] = {}
         # (x << 32 | s) << 32 | r -> the most factors of r any word of x & s r* begins
         # (MOST_UNBOUNDED: no bound), -1 where it has no word (see _counted_most)
         self._most_memo: dict[int, int] = {}
@@ -630,6 +639,13 @@ class ExprSet:
         x = self.intersect(*[y for y in self.args[e] if y != c])
         if x == EMPTY:
             return False
+        if lo == 0:
+            # the least count of the pair decides every count at once, and goes to the compiled
+            # table: the next states of the string, which differ only in the count left, are
+            # then decided without Python
+            least = self._counted_need(x << 32 | p, r)
+            if least is not None:
+                return 0 <= least and (hi == INF or least <= hi)
         # depth first needs at least ``lo`` states: from large minimums on, the layers first,
         # and with no maximum (``minLength``) the most factors, which is the same for every count
         methods = (self._counted_search, self._counted_layered)
@@ -647,6 +663,87 @@ class ExprSet:
             if res is not None:
                 return res
         raise err
+
+    def _counted_need(self, start: int, r: int) -> int | None:
+        """The fewest factors of ``r`` that a word of ``x & p r*`` begins, from the pair
+        ``start = x << 32 | p``; -1 where there is no word; None past :data:`NEED_EXACT_PAIRS`
+        pairs (a format's pair graph can be large: the searches that stop at the first word
+        decide those). Exact: the pairs (:meth:`_counted_moves`) are searched cheapest first (an edge
+        weighs 1 where it begins a factor), and a pair whose least count is known already is a
+        leaf that ends in a word at that many more. Every pair on the cheapest path gets its own
+        least count (the rest of that path: a cheaper one from it would make a cheaper path from
+        ``start``), and every pair of a search that met no word gets -1; all of them go to the
+        store's table (:func:`.nodestore.counted_lookup`), which decides the intersections of
+        those pairs for any count in compiled code."""
+        import heapq
+
+        memo = self._need_exact
+        got = memo.get(start << 32 | r)
+        if got is not None:
+            return None if got == NEED_REFUSED else got
+        nullable = self._nullable
+        dist = {start: 0}
+        parent = {start: -1}
+        heap = [(0, start)]
+        best, end = -1, -1
+        limit = NEED_EXACT_PAIRS
+        while heap:
+            d, k = heapq.heappop(heap)
+            if d > dist[k]:
+                continue
+            if best >= 0 and d >= best:
+                break
+            known = memo.get(k << 32 | r) if k != start else None
+            if known is not None:
+                if known >= 0 and (best < 0 or d + known < best):
+                    best, end = d + known, k
+                continue
+            if nullable[k >> 32] and nullable[k & 0xFFFFFFFF]:
+                best, end = d, k
+                continue
+            for new in ((False, True) if nullable[k & 0xFFFFFFFF] else (False,)):
+                d2 = d + new
+                for t in self._counted_moves(k, r, new):
+                    old = dist.get(t)
+                    if old is None or d2 < old:
+                        dist[t] = d2
+                        parent[t] = k
+                        heapq.heappush(heap, (d2, t))
+            if len(dist) > limit:
+                memo[start << 32 | r] = NEED_REFUSED   # (in the memo only: the other methods decide)
+                return None
+        if len(memo) > MAX_NEED_MEMO:
+            memo.clear()
+            self._need_clear()
+        if best < 0:
+            for k in dist:
+                self._need_store(k, r, -1)
+            return -1
+        k = end
+        while k >= 0:
+            if (k << 32 | r) not in memo:
+                self._need_store(k, r, best - dist[k])
+            k = parent[k]
+        return best
+
+    def _need_store(self, k: int, r: int, v: int) -> None:
+        """``v``, the least count of pair ``k`` with factor ``r``, in the memo and the store's
+        table (grown when half full)."""
+        self._need_exact[k << 32 | r] = v
+        while not _need_put(self._S, k, r, v):
+            S = self._S
+            size = 2 * S.nkey.shape[0]
+            nk, nr, nv = np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.int64)
+            _need_rehash(S, nk, nr, nv)
+            self._S = kstruct(S._tuple._replace(nkey=nk, nkr=nr, nval=nv))
+
+    def _need_clear(self) -> None:
+        """Empty the store's least-count table (with its memo, past :data:`MAX_NEED_MEMO`)."""
+        S = self._S
+        size = ns.NEED_TABLE
+        S.cnt[ns.C_NT] = 0
+        self._S = kstruct(S._tuple._replace(nkey=np.zeros(size, np.int64), nkr=np.zeros(size, np.int64),
+                                           nval=np.zeros(size, np.int64)))
 
     def _counted_at_least(self, start: int, r: int, lo: int, hi: int) -> bool | None:
         """``x & p r{lo,}`` (``hi`` infinite): alive iff some word begins at least ``lo`` factors

@@ -1,0 +1,125 @@
+"""The least count of a counted intersection's pair (``ExprSet._counted_need``) and the compiled
+table that decides ``x & p r{0,h}`` for every ``h`` from it (``nodestore.counted_lookup``)."""
+import random
+import re
+from itertools import product
+
+import regex
+
+from grammask.grammar import nodestore as ns
+from grammask.grammar.regex import parse_regex
+from grammask.grammar.regexset import EPS, ExprSet
+
+
+class _Unrolled(ExprSet):
+    """The plain exploration of derivatives (the counter unrolled in the states): the reference."""
+
+    def _alive_counted(self, e):
+        return None
+
+
+def _least_factors(x: str, p: str, r: str, max_len: int) -> int | None:
+    """The fewest factors of ``r`` in a split ``u f1 … fk`` (``u`` in ``p``) of a word of ``x``
+    of at most ``max_len`` bytes, -1 if none: brute force with ``re`` (None: too many words)."""
+    words, todo, seen = [], [""], 0
+    while todo:
+        w = todo.pop()
+        seen += 1
+        if seen > 3000:
+            return None
+        if re.fullmatch(x, w):
+            words.append(w)
+        if len(w) < max_len:
+            todo.extend(w + c for c in "abc" if regex.fullmatch(x, w + c, partial=True))
+    inf = 1 << 30
+    best = inf
+    for w in words:
+        least = [inf] * (len(w) + 1)   # least[i]: fewest r-factors that split w[i:]
+        least[len(w)] = 0
+        for i in range(len(w) - 1, -1, -1):
+            for j in range(i + 1, len(w) + 1):
+                if least[j] < inf and re.fullmatch(r, w[i:j]):
+                    least[i] = min(least[i], least[j] + 1)
+        for i in range(len(w) + 1):
+            if least[i] < inf and re.fullmatch(p, w[:i]):
+                best = min(best, least[i])
+    return -1 if best == inf else best
+
+
+def _rand_re(rng, d=0, star=True):
+    c = rng.random()
+    if d > 2 or c < 0.3:
+        return rng.choice(["a", "b", "c", "[ab]", "[bc]", "ab", "ba"])
+    if c < 0.55:
+        return _rand_re(rng, d + 1, star) + _rand_re(rng, d + 1, star)
+    if c < 0.75:
+        return "(" + _rand_re(rng, d + 1, star) + "|" + _rand_re(rng, d + 1, star) + ")"
+    if c < 0.9:
+        return "(" + _rand_re(rng, d + 1, star) + ")" + rng.choice(["*", "+", "?", "{2}"] if star else ["?", "{2}"])
+    return _rand_re(rng, d + 1, star)
+
+
+def test_least_count_of_pairs_matches_brute_force():
+    """``_counted_need`` against every split of every short word: exact (equal to the least
+    over words of up to 16 bytes, for expressions whose words are all that short; never more
+    than it otherwise), and -1 exactly where there is no word."""
+    rng = random.Random(7)
+    kinds = {"exact": 0, "loop": 0, "none": 0}
+    for i in range(160):
+        star = i % 2 == 0
+        x = _rand_re(rng, star=star)
+        if i % 4 == 0:
+            x = "(" + x + ")+"
+        r = rng.choice(["a", "[ab]", "a|ab", "ab|b", "a*b", "[abc]", "c", "b?|[ac]", _rand_re(rng, star=False)])
+        p = rng.choice(["", "", "b", "a?"])
+        ex = ExprSet()
+        got = ex._counted_need(parse_regex(x, ex) << 32 | (parse_regex(p, ex) if p else EPS), parse_regex(r, ex))
+        brute = _least_factors(x, p, r, 16)
+        if brute is None:
+            continue
+        assert got is not None
+        if brute == -1 and (not star and i % 4):
+            assert got == -1, (x, p, r)
+            kinds["none"] += 1
+        elif brute >= 0:
+            assert 0 <= got <= brute, (x, p, r, got, brute)
+            if not star and i % 4:
+                assert got == brute, (x, p, r, got, brute)   # every word of x is short
+                kinds["exact"] += 1
+            else:
+                kinds["loop"] += got == brute
+    assert min(kinds.values()) >= 5, kinds
+
+
+def test_compiled_table_decides_every_count_as_the_unrolled_exploration():
+    """Once a pair's least count is known, ``x & p r{0,h}`` and its derivatives (a string's
+    states, which differ in the count left) are decided in compiled code for every ``h``,
+    by the table (not a walk), exactly as the unrolled exploration decides them."""
+    cases = [(x, r) for x in ("a[bc]*d", "(ab|c)*d", "a(bc)*dd", "(a|bc){2,5}", "[ab]*b", "a*(bca)*c")
+             for r in ("[a-d]", "x[ab]|[a-d]", "a|ab", "b?|[acd]")]
+    decided = 0
+    for x, r in cases:
+        ex, ref = ExprSet(), _Unrolled()
+        # the least count of the pair first (what the Python check stores on first use)
+        ex._counted_need(parse_regex(x, ex) << 32 | EPS, parse_regex(r, ex))
+        for h in range(2, 9):
+            e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), 0, h))
+            e_ref = ref.intersect(parse_regex(x, ref), ref.repeat(parse_regex(r, ref), 0, h))
+            for w in (bytes(t) for n in range(4) for t in product(b"abcdx", repeat=n)):
+                d, d_ref = e, e_ref
+                for b in w:
+                    d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+                want = ref.alive(d_ref)
+                if h == 2:
+                    # Python's check (which stores the least counts of the pairs it meets)
+                    assert ex.alive(d) == want, (x, r, h, w)
+                    continue
+                q = ns.counted_lookup(ex._S, d)
+                if q >= 0:
+                    decided += 1
+                    assert bool(q) == want, (x, r, h, w)
+                # the compiled emptiness walk, with the table
+                got = ex._call(lambda S, e: ns.py_alive(S, e, 4), d)
+                if got:
+                    assert (got == 2) == want, (x, r, h, w)
+    assert decided > 500
