@@ -147,3 +147,71 @@ def test_long_token_runs_are_built_in_one_round(monkeypatch):
     allowed = set(np.flatnonzero(np.unpackbits(m.get_next_token_bitmask().view(np.uint8), bitorder="little")).tolist())
     assert allowed == set(range(1, 9)) | {65}    # 192 spaces so far: at most 8 more
     assert len(rounds) <= 3, rounds
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["compiled-expansion", "derivatives"])
+def test_counted_runs_are_built_in_one_compiled_call(monkeypatch, eager):
+    # a run of spaces through a counted alternation: every depth is a state of its own (the
+    # count left) that no ladder walks; the compiled chain driver (mask.chain_expand) builds the
+    # whole run in one call where the Python loop took a round per byte. Same mask both ways.
+    monkeypatch.setattr(lexer_mod, "EAGER_LEXER", eager)
+    toks = [b""] + [b" " * k for k in range(1, 65)] + [b"x", b"y"]
+    info = TokenizerInfo(toks, stop_token_ids=[0])
+    cg = GrammarCompiler(info, cache_enabled=False).compile_grammar('root ::= (" " | "  " "y"?){0,150} "x"')
+    assert cg.lexer.eager == eager
+    calls = {"chain": 0, "expand_many": 0}
+    real_chain, real_many = compiled_mod._chain_expand, lexer_mod.Lexer.expand_many
+
+    def chain(*a):
+        calls["chain"] += 1
+        return real_chain(*a)
+
+    def many(self, *a, **k):
+        calls["expand_many"] += 1
+        return real_many(self, *a, **k)
+
+    monkeypatch.setattr(compiled_mod, "_chain_expand", chain)
+    monkeypatch.setattr(lexer_mod.Lexer, "expand_many", many)
+    m = GrammarMatcher(cg)
+    allowed = set(np.flatnonzero(np.unpackbits(m.get_next_token_bitmask().view(np.uint8), bitorder="little")).tolist())
+    assert allowed == set(range(1, 66))   # spaces, and "x" (no "y" before a double space)
+    if eager:
+        assert calls["chain"] >= 1 and calls["expand_many"] <= 4, calls
+    else:
+        assert calls["chain"] == 0 and calls["expand_many"] > 30, calls
+    for _ in range(4):
+        assert m.accept_token(64)   # 256 spaces: at least 128 iterations
+    allowed = set(np.flatnonzero(np.unpackbits(m.get_next_token_bitmask().view(np.uint8), bitorder="little")).tolist())
+    assert allowed == set(range(1, 45)) | {65, 66}   # up to 22 more iterations: 44 spaces
+
+
+def test_fast_call_keeps_the_python_signature_past_a_compiled_callers():
+    # a compiled caller passing a literal adds a second signature to the dispatcher; the Python
+    # entry point stays (it used to fall back to the dispatcher for good); GRAMMASK_CHECK_FASTCALL
+    # catches a Python call with other types
+    from numba import njit
+
+    from grammask.grammar.lexdfa import FastCall
+
+    @njit
+    def inner(a, k):
+        return a[k] + 1
+
+    @njit
+    def outer(a):
+        return inner(a, 0)
+
+    fc = FastCall(inner)
+    a = np.arange(4, dtype=np.int64)
+    assert fc(a, 2) == 3 and fc.entry is not None
+    assert outer(a) == 1
+    assert len(inner.signatures) == 2
+    assert fc(a, 3) == 4 and fc.entry is not None
+    old = FastCall.check
+    try:
+        FastCall.check = True
+        assert fc(a, 1) == 2
+        with pytest.raises(TypeError, match="entry point takes"):
+            fc(a.astype(np.int32), 1)
+    finally:
+        FastCall.check = old

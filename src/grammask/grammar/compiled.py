@@ -11,12 +11,15 @@ from .cfg import FlatGrammar, Grammar, lower
 from .earley import (GROW_HASH, GROW_ITEMS, GROW_ROWS, MISSING, OK, REJECT, MissingRequests, ParseStack,
                      grammar_tables, initial_row, new_missing)
 from .lexer import MAX_LEXER_STATES, Lexer
-from .mask import FastCall, chain_frontier
+from .mask import FastCall, chain_expand, chain_frontier
 from .slicer import forest_sub_depth
 
 #: calls of one kernel (with Python's work between them) before :meth:`CompiledGrammar.run` gives up
 MAX_RESOLVE_ROUNDS = 100_000
 _initial_row = FastCall(initial_row)
+_chain_expand = FastCall(chain_expand)
+#: rounds of :func:`.mask.chain_expand` per call (Python checks the lexer between calls)
+CHAIN_ROUNDS = 256
 
 
 class CompiledGrammar:
@@ -208,6 +211,10 @@ class CompiledGrammar:
         deep = np.zeros(1, np.int64)
         sub_depth = forest_sub_depth(forest)
         pairs, n_pairs = M.chains, int(M.counts[3])
+        if lx.eager:
+            # the rounds in one compiled call (Python only where the expansion needs it)
+            lx.expand_chains(_chain_expand, (F, pairs, n_pairs, at, out, sub_depth, deep), out, deep, CHAIN_ROUNDS)
+            return
         for _ in range(10_000):
             n = chain_frontier(F, lx.tables.trans, pairs, n_pairs, at, out, sub_depth, deep)
             if not n:

@@ -19,6 +19,7 @@ order.
 """
 from __future__ import annotations
 
+import os
 from collections import namedtuple
 
 import numpy as np
@@ -26,27 +27,46 @@ from numba import njit
 
 from .kstruct import kstruct
 
-class FastCall:
-    """Call a Numba kernel through the entry point of its one compiled signature, skipping the
-    dispatcher's type matching (which costs several microseconds for kernels with many array
-    arguments). The first call goes through the dispatcher (compiling or loading the cache);
-    if a second signature ever appears, every call goes through the dispatcher again."""
 
-    __slots__ = ("fn", "entry")
+class FastCall:
+    """Call a Numba kernel from Python through the entry point of the signature its Python
+    callers use, skipping the dispatcher's type matching (which costs several microseconds for
+    kernels with many array arguments: session 20 found ``eager_expand_rows`` going through it on
+    every call, 8M Python calls in a 1-in-20 MaskBench pass, once a compiled caller had added a
+    second signature with a literal ``False``). The first call goes through the dispatcher
+    (compiling or loading the cache) and fixes the entry to the signature of its arguments'
+    types; signatures that compiled callers add (literal constants, narrower ints) do not
+    matter. Every Python call of a kernel must pass the same types (each wrapper has its fixed
+    call sites); ``GRAMMASK_CHECK_FASTCALL=1`` checks that on every call (tests/conftest.py)."""
+
+    __slots__ = ("fn", "entry", "sig")
+
+    #: check every call's argument types against the entry's signature (slow: for tests)
+    check = bool(os.environ.get("GRAMMASK_CHECK_FASTCALL"))
 
     def __init__(self, fn):
         self.fn = fn
         self.entry = None
+        self.sig = None
 
     def __call__(self, *args):
         e = self.entry
         if e is not None:
+            if FastCall.check:
+                self._check(args)
             return e(*args)
         r = self.fn(*args)
-        sigs = self.fn.signatures
-        if len(sigs) == 1:
-            self.entry = self.fn.overloads[sigs[0]].entry_point
+        sig = tuple(self.fn.typeof_pyval(a) for a in args)
+        ov = self.fn.overloads.get(sig)
+        if ov is not None:
+            self.entry, self.sig = ov.entry_point, sig
         return r
+
+    def _check(self, args) -> None:
+        sig = tuple(self.fn.typeof_pyval(a) for a in args)
+        if sig != self.sig:
+            raise TypeError(f"{self.fn.py_func.__qualname__} called from Python with {sig}, "
+                            f"its entry point takes {self.sig}")
 
 
 #: a lexer state's ``trans`` entry before the state is expanded (as :data:`.lexer.UNKNOWN`)

@@ -403,10 +403,14 @@ class Lexer:
         cnt[8] = 0
         cnt[9] = 0
         cnt[10] = len(seeds)
+        self._eager_loop(budget, spec_rows, max(1, min(ladder, rowstore.MAX_LADDER)))
+
+    def _eager_loop(self, budget: int, spec_rows: bool, rungs: int) -> None:
+        """Run the compiled expansion of the queue set up in ``self._D`` to its end (lock held):
+        Python builds the rows it cannot, and grows the arrays it asks for."""
         ex = self.exprs
         store = rowstore.row_store(ex)
         out = self._rows_out
-        rungs = max(1, min(ladder, rowstore.MAX_LADDER))
         if self._free_queue.shape[0] < EAGER_FREE_ROWS:
             self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
         while True:
@@ -426,7 +430,7 @@ class Lexer:
             if st == lexdfa.NEED_ROWS:
                 D = self._D
                 n = int(D.cnt[8])
-                self._fill_rows(sorted(set(D.need[:n].tolist())), ladder)
+                self._fill_rows(sorted(set(D.need[:n].tolist())), rungs)
                 D.cnt[8] = 0
             elif st == lexdfa.NEED_ROOM:
                 D = self._D
@@ -507,6 +511,54 @@ class Lexer:
             for s in states:
                 if not self.expanded[s]:
                     self.expand(s, 0)
+
+    def expand_chains(self, kernel, head: tuple, found: np.ndarray, deep: np.ndarray, rounds: int) -> None:
+        """Expand what ``kernel(*head, rounds, budget, <the expansion's arrays>)`` names round after
+        round (:func:`.mask.chain_expand`) until it reports none left; where it stops for Python,
+        the expansion it began is finished here (:meth:`_eager_loop`, with the ladder the round
+        asked for: ``deep[0]``) and the rounds go on. ``found`` is the kernel's frontier buffer
+        (the queue is sized for it)."""
+        with self.lock, self.counting():
+            if not self.eager:
+                raise ValueError("expand_chains needs the compiled (eager) expansion")
+            ex = self.exprs
+            while True:
+                self._reserve(0, 0)
+                if self._D.queue.shape[0] < found.shape[0] + 16:
+                    q = 2 * found.shape[0] + 16
+                    self._D = self._D._replace(queue=np.zeros(q, np.int32), defer=np.zeros(q, np.int32))
+                if self._free_queue.shape[0] < EAGER_FREE_ROWS:
+                    self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
+                store = rowstore.row_store(ex)
+                out = self._rows_out
+                st, s, left = kernel(*head, rounds, self.resolve_budget, False, self.max_states, self.hard_max_states,
+                                     self._X, self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex,
+                                     self._D, self._buf, self._pbuf, self._ibuf, self._abuf, ex._S, store.arrays,
+                                     EAGER_FREE_ROWS, self._free_queue, out, rowstore.MAX_STORED_EXPRS)
+                ex._settle()
+                if out[3]:
+                    store.added += int(out[3])
+                    out[3] = 0
+                    self._check_full()
+                if st == lexdfa.DONE:
+                    self._after_eager(0)
+                    if not left or self.full:
+                        return
+                    continue
+                # stopped for Python: finish this round's expansion the usual way, then go on
+                D = self._D
+                rungs = max(1, min(int(deep[0]), rowstore.MAX_LADDER))
+                if st == lexdfa.NEED_ROWS:
+                    n = int(D.cnt[8])
+                    self._fill_rows(sorted(set(D.need[:n].tolist())), rungs)
+                    D.cnt[8] = 0
+                elif st == lexdfa.NEED_ROOM:
+                    self._reserve(1, int(D.ms_off[s + 1] - D.ms_off[s]))
+                else:
+                    self._after_eager(-1)
+                self._eager_loop(self.resolve_budget, False, rungs)
+                if self.full:
+                    return
 
     def expand(self, s: int, budget: int = 0) -> None:
         """Compute all 256 transitions of state ``s`` (and, breadth first, of up to ``budget``

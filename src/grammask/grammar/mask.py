@@ -21,6 +21,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from . import rowstore
 from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start, row_top
 from .lexdfa import FastCall  # noqa: F401 - defined there (the lexer uses it too), used from here
 
@@ -112,6 +113,48 @@ def chain_frontier(F, trans, pairs, n_pairs, at, out, sub_depth, deep):
             j += 1
     deep[0] = most
     return n
+
+
+@njit(nogil=True, cache=True)
+def chain_expand(F, pairs, n_pairs, at, found, sub_depth, deep, rounds, budget, spec_rows, max_states, hard_max, X,
+                 trans, state_acc, expanded, acc_off, acc_lex, D, buf, pbuf, ibuf, abuf, S, A, free, fqueue,
+                 out, max_stored):
+    """Rounds of :func:`chain_frontier` and the compiled expansion of the states it names
+    (:func:`.rowstore.eager_expand_rows`, each round's seeds queued as
+    :meth:`.Lexer._eager_expand` queues them, with a ladder as deep as the trie goes below them)
+    until no state is left to build: a run of new states (a string whose count left makes every
+    byte a state of its own, which no ladder walks) costs one call, not a Python round per byte.
+    Returns ``(status, state, left)``: the expansion's status and state where it stopped for
+    Python (rows, room: the queue is left as it is, to be finished first) or was full, with
+    ``left`` 0; DONE with ``left`` 1 when ``rounds`` ran out (call again), 0 when none is left.
+    ``found`` is scratch for the frontier (its size bounds a round, as ``D.queue``'s must);
+    ``spec_rows`` is the expansion's (a Python bool: a literal ``False`` here would compile
+    ``eager_expand_rows`` a second time, for this call site alone)."""
+    cnt = D.cnt
+    for _ in range(rounds):
+        n = chain_frontier(F, trans, pairs, n_pairs, at, found, sub_depth, deep)
+        if n == 0:
+            return rowstore.DONE, 0, 0
+        seeds = np.sort(found[:n])
+        queue = D.queue
+        k = 0
+        for i in range(n):
+            if (i == 0 or seeds[i] != seeds[i - 1]) and not expanded[seeds[i]]:
+                queue[k] = seeds[i]
+                k += 1
+        cnt[4] = 0
+        cnt[5] = k
+        cnt[7] = 0
+        cnt[8] = 0
+        cnt[9] = 0
+        cnt[10] = k
+        ladder = max(1, min(deep[0], rowstore.MAX_LADDER))
+        st, s = rowstore.eager_expand_rows(budget, spec_rows, max_states, hard_max, X, trans, state_acc, expanded,
+                                           acc_off, acc_lex, D, buf, pbuf, ibuf, abuf, S, A, ladder, free,
+                                           fqueue, out, max_stored)
+        if st != rowstore.DONE or cnt[6] != 0:
+            return st, s, 0
+    return rowstore.DONE, 0, 1
 
 
 @njit(nogil=True, cache=True, inline="always")

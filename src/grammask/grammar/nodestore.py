@@ -1230,7 +1230,7 @@ def alive_search(S, e, limit):
             if mark[t] == ep:
                 continue
             mark[t] = ep
-            if (kind[t] == AND or kind[t] == CONCAT) and not nul[t] and liv[t] != LIVE:
+            if hb[t] and (kind[t] == AND or kind[t] == CONCAT) and not nul[t] and liv[t] != LIVE:
                 q = structural_lookup(S, t)
                 if q == 0:
                     liv[t] = DEAD
