@@ -29,12 +29,15 @@ so the work done before the stop is found again, not repeated)
     open addressing, node id + 1 (0: a free slot), by the hash of the node's contents.
 ``dkey``, ``dval``
     the derivative memo, open addressing: ``(e << 8 | byte) + 1`` and the derivative.
-``nkey``, ``nkr``, ``nval``
-    the least counts of counted intersections, open addressing: for the pair ``(x, p)`` and the
-    factor ``r`` of ``x & p r{0,h}`` (``nkey`` holds ``(x << 32 | p) + 1``, ``nkr`` ``r``),
-    the fewest factors of ``r`` a word of ``x & p r*`` begins, -1 where it has none (filled by
-    :meth:`~.regexset.ExprSet._counted_need`; read by :func:`counted_lookup`: such an
-    intersection is non-empty exactly when that least count is at most ``h``, whatever ``h``).
+``nkey``, ``nkr``, ``nval``, ``nbit``
+    the counts of counted intersections, open addressing: for the pair ``(x, p)`` and the
+    factor ``r`` of ``x & p r{lo,hi}`` (``nkey`` holds ``(x << 32 | p) + 1``, ``nkr`` ``r``),
+    ``nval`` the fewest factors of ``r`` a word of ``x & p r*`` begins, -1 where it has none
+    (:data:`NEED_UNKNOWN`: not known), and ``nbit`` the counts of factors its words begin, bit
+    ``k`` for ``k`` up to 61 and bit 62 for any count past 61 (-1: not known). Filled by
+    :meth:`~.regexset.ExprSet._counted_need` and :meth:`~.regexset.ExprSet._counted_bits`;
+    read by :func:`counted_lookup`: such an intersection is non-empty exactly when some count
+    of its pair lies within ``lo..hi``, whatever ``lo`` and ``hi``.
 ``cnt``
     counters, see the ``C_*`` constants.
 ``xs``, ``tw``, ``tt``, ``fr``, ``vals``, ``arena``, ``wk``, ``wparts``
@@ -85,11 +88,16 @@ DONE = 0
 NEED_ROOM = 1
 TOO_MANY = 2
 
-#: the initial size of the least-count table (``nkey``...: a power of two)
+#: the initial size of the count table (``nkey``...: a power of two)
 NEED_TABLE = 1 << 10
+#: ``nval`` of a pair whose least count is not known (its counts ``nbit`` may be)
+NEED_UNKNOWN = -2
+#: ``nbit``: the bits of the counts 0..61, and the bit of "some count past 61"
+BITS_LOW = (1 << 62) - 1
+BITS_OVER = 1 << 62
 
 NodeArrays = namedtuple("NodeArrays",
-                        "kind a b c nul hb liv ctr mark mark2 pool bm htab dkey dval nkey nkr nval cnt xs tw tt fr vals arena wk "
+                        "kind a b c nul hb liv ctr mark mark2 pool bm htab dkey dval nkey nkr nval nbit cnt xs tw tt fr vals arena wk "
                         "wparts")
 
 
@@ -104,7 +112,7 @@ def new_arrays(max_nodes: int, nodes: int = 1 << 12, pool: int = 1 << 12, masks:
         pool=np.zeros(pool, np.int64), bm=np.zeros((masks, 4), np.uint64),
         htab=np.zeros(table, np.int64), dkey=np.zeros(memo, np.int64), dval=np.zeros(memo, np.int64),
         nkey=np.zeros(NEED_TABLE, np.int64), nkr=np.zeros(NEED_TABLE, np.int64), nval=np.zeros(NEED_TABLE, np.int64),
-        cnt=cnt, xs=np.zeros(scratch, np.int64), tw=np.zeros((256, 4), np.uint64),
+        nbit=np.zeros(NEED_TABLE, np.int64), cnt=cnt, xs=np.zeros(scratch, np.int64), tw=np.zeros((256, 4), np.uint64),
         tt=np.zeros(256, np.int64), fr=np.zeros((256, 4), np.int64), vals=np.zeros(256, np.int64),
         arena=np.zeros(256, np.int64), wk=np.zeros((10, WK), np.int64), wparts=np.zeros((256, 4), np.uint64))
 
@@ -1027,18 +1035,18 @@ def _need_slot(nk, key, r):
 
 @njit(nogil=True, cache=True)
 def counted_lookup(S, e):
-    """Whether ``e = x & p r{0,h}`` is non-empty, from the least-count table (``nkey``...): 1
-    when the fewest factors of ``r`` a word of ``x & p r*`` begins is at most ``h``, 0 when it
-    is more or there is no word; -1 when the pair is not in the table or ``e`` has another shape.
+    """Whether ``e = x & p r{lo,hi}`` is non-empty, from the count table (``nkey``...): 1 when
+    a word of ``x & p r*`` begins a number of factors of ``r`` within ``lo..hi`` (for ``lo`` 0:
+    its least count is at most ``hi``), 0 when none does; -1 when the pair is not in the table,
+    its counts do not say (a count past 61 asked for) or ``e`` has another shape.
 
     The shape is :meth:`~.regexset.ExprSet._alive_counted`'s, read the same way: an intersection
     of two, the counted part ``c = a1 … ak r{lo,hi}`` (a right-nested concatenation without
     intersections or complements ending in a counter; ``lo`` read as 0 where ``r`` is nullable;
     of two such parts, the one with the larger ``max(lo, hi)``, the first on a tie), ``x`` the
     other, ``p`` the concatenation of the heads (looked up, not made: a pair Python stored has
-    its ``p``). Only ``lo`` 0: non-emptiness is then monotone in ``h``, so one number per pair
-    decides it for every count, and the states of a ``maxLength`` string that differ only in the
-    count left share it."""
+    its ``p``). The counts are a property of the pair, not of ``lo`` and ``hi``: the states of a
+    ``maxLength`` string (or of an exact length) that differ only in the count left share them."""
     kind = S.kind
     if kind[e] != AND or S.b[e] != 2:
         return -1
@@ -1080,7 +1088,7 @@ def counted_lookup(S, e):
     r = sa[y]
     lo = 0 if S.nul[r] else sb[y]
     hi = sc[y]
-    if lo != 0 or hi == INF or n_heads > 64:
+    if hi == INF or n_heads > 64:
         return -1
     # p: the heads folded from the right (the chain's own nodes end in the counter, not in p)
     p = EPS
@@ -1098,10 +1106,30 @@ def counted_lookup(S, e):
     slot = _need_slot(nk, key, r)
     while nk[slot] != 0:
         if nk[slot] == key + 1 and S.nkr[slot] == r:
-            v = S.nval[slot]
-            return 1 if (0 <= v <= hi) else 0
+            return _counts_decide(S.nval[slot], S.nbit[slot], lo, hi)
         slot = (slot + 1) & mask
     return -1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _counts_decide(least, bits, lo, hi):
+    """Whether a pair with least count ``least`` and counts ``bits`` (see ``nval``/``nbit``) has
+    a word within ``lo..hi`` factors (``hi`` finite): 1, 0, or -1 when they do not say."""
+    if lo == 0 and least != NEED_UNKNOWN:
+        return 1 if (0 <= least <= hi) else 0
+    if bits < 0:
+        return -1
+    if bits == 0:
+        return 0
+    if lo <= 61:
+        top = min(hi, 61)
+        if top >= lo:
+            window = ((np.int64(1) << (top + 1)) - 1) & ~((np.int64(1) << lo) - 1)
+            if bits & window:
+                return 1
+    if hi >= 62 and bits & BITS_OVER:
+        return -1
+    return 0
 
 
 @njit(nogil=True, cache=True)
@@ -1130,9 +1158,10 @@ def structural_lookup(S, e):
 
 
 @njit(nogil=True, cache=True)
-def need_put(S, key, r, v):
-    """Store the least count ``v`` of the pair ``key = x << 32 | p`` and factor ``r`` (see
-    :func:`counted_lookup`); 0 when the table is half full (Python grows it first), else 1."""
+def need_put(S, key, r, v, bits):
+    """Store the least count ``v`` and the counts ``bits`` of the pair ``key = x << 32 | p`` and
+    factor ``r`` (see :func:`counted_lookup`); 0 when the table is half full (Python grows it
+    first), else 1."""
     nk = S.nkey
     cnt = S.cnt
     if 2 * (cnt[C_NT] + 1) > nk.shape[0]:
@@ -1142,18 +1171,20 @@ def need_put(S, key, r, v):
     while nk[slot] != 0:
         if nk[slot] == key + 1 and S.nkr[slot] == r:
             S.nval[slot] = v
+            S.nbit[slot] = bits
             return 1
         slot = (slot + 1) & mask
     S.nkr[slot] = r
     S.nval[slot] = v
+    S.nbit[slot] = bits
     nk[slot] = key + 1
     cnt[C_NT] += 1
     return 1
 
 
 @njit(nogil=True, cache=True)
-def need_rehash(S, nk, nr, nv):
-    """Fill the new, larger least-count table ``nk``/``nr``/``nv`` from ``S``'s."""
+def need_rehash(S, nk, nr, nv, nb):
+    """Fill the new, larger count table ``nk``/``nr``/``nv``/``nb`` from ``S``'s."""
     old = S.nkey
     mask = nk.shape[0] - 1
     for s in range(old.shape[0]):
@@ -1167,6 +1198,7 @@ def need_rehash(S, nk, nr, nv):
         nk[slot] = k1
         nr[slot] = r
         nv[slot] = S.nval[s]
+        nb[slot] = S.nbit[s]
 
 
 @njit(nogil=True, cache=True)

@@ -81,6 +81,20 @@ _need_rehash = FastCall(ns.need_rehash)
 _rehash = ns.rehash
 
 
+def _counts_decide(least: int, bits: int, lo: int, hi: int) -> int:
+    """:func:`.nodestore._counts_decide` (the compiled rule, ``hi`` finite), in Python: 1, 0,
+    or -1 where the counts do not say."""
+    if lo == 0 and least != ns.NEED_UNKNOWN:
+        return 1 if 0 <= least <= hi else 0
+    if bits < 0:
+        return -1
+    if bits == 0:
+        return 0
+    if lo <= 61 and min(hi, 61) >= lo and bits & ((1 << (min(hi, 61) + 1)) - 1) & ~((1 << lo) - 1):
+        return 1
+    return -1 if hi >= 62 and bits & ns.BITS_OVER else 0
+
+
 def pack_ids(xs) -> int:
     """One int naming a sequence of ints below 2**32 (its length, then each in 32 bits)."""
     k = len(xs)
@@ -152,6 +166,8 @@ class ExprSet:
         # pair (x, s), -1 where none: exact (see _counted_need); mirrored in the store's table,
         # where the compiled emptiness checks read it
         self._need_exact: dict[int, int] = {}
+        # the same keys -> the counts of factors the pair's words begin (see _counted_bits)
+        self._count_bits: dict[int, int] = {}
         # (x << 32 | s) << 32 | r -> the most factors of r any word of x & s r* begins
         # (MOST_UNBOUNDED: no bound), -1 where it has no word (see _counted_most)
         self._most_memo: dict[int, int] = {}
@@ -646,6 +662,13 @@ class ExprSet:
             least = self._counted_need(x << 32 | p, r)
             if least is not None:
                 return 0 <= least and (hi == INF or least <= hi)
+        elif hi != INF:
+            # with a minimum (an exact length): the counts of the pair, likewise
+            got = self._counted_bits(x << 32 | p, r)
+            if got is not None:
+                d = _counts_decide(ns.NEED_UNKNOWN, got, lo, hi)
+                if d >= 0:
+                    return d == 1
         # depth first needs at least ``lo`` states: from large minimums on, the layers first,
         # and with no maximum (``minLength``) the most factors, which is the same for every count
         methods = (self._counted_search, self._counted_layered)
@@ -713,7 +736,6 @@ class ExprSet:
                 memo[start << 32 | r] = NEED_REFUSED   # (in the memo only: the other methods decide)
                 return None
         if len(memo) > MAX_NEED_MEMO:
-            memo.clear()
             self._need_clear()
         if best < 0:
             for k in dist:
@@ -726,24 +748,120 @@ class ExprSet:
             k = parent[k]
         return best
 
-    def _need_store(self, k: int, r: int, v: int) -> None:
-        """``v``, the least count of pair ``k`` with factor ``r``, in the memo and the store's
-        table (grown when half full)."""
-        self._need_exact[k << 32 | r] = v
-        while not _need_put(self._S, k, r, v):
+    def _need_store(self, k: int, r: int, v: int | None = None, bits: int | None = None) -> None:
+        """``v``, the least count of pair ``k`` with factor ``r``, and/or ``bits``, its counts
+        (see :meth:`_counted_bits`), in the memos and the store's table (grown when half full),
+        beside what is known of the pair already."""
+        key = k << 32 | r
+        if v is None:
+            got = self._need_exact.get(key)
+            v = ns.NEED_UNKNOWN if got is None or got == NEED_REFUSED else got
+        else:
+            self._need_exact[key] = v
+        if bits is None:
+            got = self._count_bits.get(key)
+            bits = -1 if got is None or got == NEED_REFUSED else got
+        else:
+            self._count_bits[key] = bits
+        while not _need_put(self._S, k, r, v, bits):
             S = self._S
             size = 2 * S.nkey.shape[0]
-            nk, nr, nv = np.zeros(size, np.int64), np.zeros(size, np.int64), np.zeros(size, np.int64)
-            _need_rehash(S, nk, nr, nv)
-            self._S = kstruct(S._tuple._replace(nkey=nk, nkr=nr, nval=nv))
+            nk, nr, nv, nb = (np.zeros(size, np.int64) for _ in range(4))
+            _need_rehash(S, nk, nr, nv, nb)
+            self._S = kstruct(S._tuple._replace(nkey=nk, nkr=nr, nval=nv, nbit=nb))
 
     def _need_clear(self) -> None:
-        """Empty the store's least-count table (with its memo, past :data:`MAX_NEED_MEMO`)."""
+        """Empty the store's count table and both its memos (past :data:`MAX_NEED_MEMO`)."""
+        self._need_exact.clear()
+        self._count_bits.clear()
         S = self._S
         size = ns.NEED_TABLE
         S.cnt[ns.C_NT] = 0
         self._S = kstruct(S._tuple._replace(nkey=np.zeros(size, np.int64), nkr=np.zeros(size, np.int64),
-                                           nval=np.zeros(size, np.int64)))
+                                           nval=np.zeros(size, np.int64), nbit=np.zeros(size, np.int64)))
+
+    def _counted_bits(self, start: int, r: int) -> int | None:
+        """The counts of factors of ``r`` that the words of ``x & p r*`` begin, from the pair
+        ``start = x << 32 | p``: bit ``k`` for each count ``k`` up to 61, bit 62 if some count is
+        past 61 (:data:`.nodestore.BITS_OVER`); None past :data:`NEED_EXACT_PAIRS` pairs.
+
+        Every pair reachable from ``start`` is met (:meth:`_counted_moves`; a pair whose counts
+        are known is a leaf), then the counts flow backwards to a fixpoint: a pair with both
+        parts nullable has 0; a move that begins a factor adds one to its target's counts (a
+        count past 61 stays past it), one that does not passes them on. Exact for every pair
+        met, and all go to the store's table: an exact length (``minLength`` = ``maxLength``,
+        Github_easy---o44204's ten digits) makes every state of the string a pair of this graph
+        with a count of its own left, each a fresh search before."""
+        from collections import deque
+
+        memo = self._count_bits
+        got = memo.get(start << 32 | r)
+        if got is not None:
+            return None if got == NEED_REFUSED else got
+        nullable = self._nullable
+        index = {start: 0}
+        pairs = [start]
+        zero: list[list[int]] = []
+        one: list[list[int]] = []
+        bits: list[int] = []
+        i = 0
+        while i < len(pairs):
+            k = pairs[i]
+            z: list[int] = []
+            o: list[int] = []
+            known = memo.get(k << 32 | r) if i else None
+            if known is not None and known != NEED_REFUSED:
+                bits.append(known)
+            else:
+                bits.append(1 if nullable[k >> 32] and nullable[k & 0xFFFFFFFF] else 0)
+                for new in ((False, True) if nullable[k & 0xFFFFFFFF] else (False,)):
+                    for t in self._counted_moves(k, r, new):
+                        j = index.get(t)
+                        if j is None:
+                            j = index[t] = len(pairs)
+                            pairs.append(t)
+                        (o if new else z).append(j)
+                if len(pairs) > NEED_EXACT_PAIRS:
+                    memo[start << 32 | r] = NEED_REFUSED   # (the memo only: the searches decide)
+                    return None
+            zero.append(z)
+            one.append(o)
+            i += 1
+        n = len(pairs)
+        back0: list[list[int]] = [[] for _ in range(n)]
+        back1: list[list[int]] = [[] for _ in range(n)]
+        for v in range(n):
+            for w in zero[v]:
+                back0[w].append(v)
+            for w in one[v]:
+                back1[w].append(v)
+        low, over = ns.BITS_LOW, ns.BITS_OVER
+        work = deque(v for v in range(n) if bits[v])
+        queued = bytearray(n)
+        for v in work:
+            queued[v] = 1
+        while work:
+            w = work.popleft()
+            queued[w] = 0
+            b = bits[w]
+            sb = ((b & low) << 1) & low | (over if b & over or b & (1 << 61) else 0)
+            for vs, add in ((back0[w], b), (back1[w], sb)):
+                for v in vs:
+                    nb = bits[v] | add
+                    if nb != bits[v]:
+                        bits[v] = nb
+                        if not queued[v]:
+                            queued[v] = 1
+                            work.append(v)
+        if len(memo) > MAX_NEED_MEMO:
+            self._need_clear()
+        for v in range(n):
+            if memo.get(pairs[v] << 32 | r, NEED_REFUSED) != NEED_REFUSED:
+                continue   # known before (a leaf here)
+            b = bits[v]
+            least = (b & -b).bit_length() - 1 if b & low else (-1 if not b else None)
+            self._need_store(pairs[v], r, least, b)
+        return bits[0]
 
     def _counted_at_least(self, start: int, r: int, lo: int, hi: int) -> bool | None:
         """``x & p r{lo,}`` (``hi`` infinite): alive iff some word begins at least ``lo`` factors
