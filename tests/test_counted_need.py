@@ -39,13 +39,11 @@ def _rand_re(rng, d=0, star=True):
     return _rand_re(rng, d + 1, star)
 
 
-def test_least_count_of_pairs_matches_brute_force():
-    """``_counted_need`` against every split of every short word: exact (equal to the least
-    over words of up to 16 bytes, for expressions whose words are all that short; never more
-    than it otherwise), and -1 exactly where there is no word."""
-    rng = random.Random(7)
-    kinds = {"exact": 0, "loop": 0, "none": 0}
-    for i in range(160):
+def _random_pairs(seed: int, n: int = 160):
+    """``(short, x, p, r, ExprSet, start pair, r's id)`` for random ``x``, ``p``, ``r``; ``short``:
+    every word of ``x`` has at most 16 bytes (no loop: a two-byte leaf under three doublings)."""
+    rng = random.Random(seed)
+    for i in range(n):
         star = i % 2 == 0
         x = _rand_re(rng, star=star)
         if i % 4 == 0:
@@ -53,17 +51,27 @@ def test_least_count_of_pairs_matches_brute_force():
         r = rng.choice(["a", "[ab]", "a|ab", "ab|b", "a*b", "[abc]", "c", "b?|[ac]", _rand_re(rng, star=False)])
         p = rng.choice(["", "", "b", "a?"])
         ex = ExprSet()
-        got = ex._counted_need(parse_regex(x, ex) << 32 | (parse_regex(p, ex) if p else EPS), parse_regex(r, ex))
+        start = parse_regex(x, ex) << 32 | (parse_regex(p, ex) if p else EPS)
+        yield bool(not star and i % 4), x, p, r, ex, start, parse_regex(r, ex)
+
+
+def test_least_count_of_pairs_matches_brute_force():
+    """``_counted_need`` against every split of every short word: exact (equal to the least
+    over words of up to 16 bytes, for expressions whose words are all that short; never more
+    than it otherwise), and -1 exactly where there is no word."""
+    kinds = {"exact": 0, "loop": 0, "none": 0}
+    for short, x, p, r, ex, start, r_id in _random_pairs(7):
+        got = ex._counted_need(start, r_id)
         brute = _least_factors(x, p, r, 16)
         if brute is None:
             continue
         assert got is not None
-        if brute == -1 and (not star and i % 4):
+        if brute == -1 and short:
             assert got == -1, (x, p, r)
             kinds["none"] += 1
         elif brute >= 0:
             assert 0 <= got <= brute, (x, p, r, got, brute)
-            if not star and i % 4:
+            if short:
                 assert got == brute, (x, p, r, got, brute)   # every word of x is short
                 kinds["exact"] += 1
             else:
@@ -146,23 +154,15 @@ def _factor_counts(x: str, p: str, r: str, max_len: int) -> set[int] | None:
 def test_counts_of_pairs_match_brute_force():
     """``_counted_bits`` against every split of every short word: the same set of counts where
     every word of ``x`` is short, a superset otherwise (longer words add counts)."""
-    rng = random.Random(13)
     checked = {"exact": 0, "loop": 0}
-    for i in range(160):
-        star = i % 2 == 0
-        x = _rand_re(rng, star=star)
-        if i % 4 == 0:
-            x = "(" + x + ")+"
-        r = rng.choice(["a", "[ab]", "a|ab", "ab|b", "a*b", "[abc]", "c", "b?|[ac]", _rand_re(rng, star=False)])
-        p = rng.choice(["", "", "b", "a?"])
-        ex = ExprSet()
-        bits = ex._counted_bits(parse_regex(x, ex) << 32 | (parse_regex(p, ex) if p else EPS), parse_regex(r, ex))
+    for short, x, p, r, ex, start, r_id in _random_pairs(13):
+        bits = ex._counted_bits(start, r_id)
         brute = _factor_counts(x, p, r, 16)
         if brute is None:
             continue
         assert bits is not None and bits >= 0
         got = {k for k in range(62) if bits >> k & 1}
-        if not star and i % 4:
+        if short:
             assert got == brute and not bits & ns.BITS_OVER, (x, p, r, got, brute)
             checked["exact"] += 1
         else:
@@ -198,3 +198,27 @@ def test_compiled_table_decides_minimums_as_the_unrolled_exploration():
                     assert (got == 2) == want, (x, r, lo, hi, w)
                 assert ex.alive(d) == want, (x, r, lo, hi, w)
     assert decided > 1000
+
+
+def test_refused_counts_fall_back_to_the_searches(monkeypatch):
+    """Past their pair limits the least count and the counts are refused (every pair met
+    remembered as refused: the next states skip them), and the searches decide, exactly as the
+    unrolled exploration does."""
+    import grammask.grammar.regexset as rs
+
+    monkeypatch.setattr(rs, "COUNTS_PAIRS", 3)
+    monkeypatch.setattr(rs, "NEED_EXACT_PAIRS", 3)
+    refused = 0
+    for x, r in [("a(bc)*dd", "[a-d]"), ("[a-d]*[bd]{3}[a-d]*", "x[ab]|[a-d]"), ("(ab|c)*d", "a|ab")]:
+        for lo, hi in ((0, 5), (3, 3), (4, 4)):
+            ex, ref = ExprSet(), _Unrolled()
+            e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))
+            e_ref = ref.intersect(parse_regex(x, ref), ref.repeat(parse_regex(r, ref), lo, hi))
+            for w in (bytes(t) for n in range(4) for t in product(b"abcdx", repeat=n)):
+                d, d_ref = e, e_ref
+                for b in w:
+                    d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+                assert ex.alive(d) == ref.alive(d_ref), (x, r, lo, hi, w)
+            refused += sum(1 for v in list(ex._need_exact.values()) + list(ex._count_bits.values())
+                           if v == rs.NEED_REFUSED)
+    assert refused > 0

@@ -418,12 +418,7 @@ class Lexer:
                                        self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex,
                                        self._D, self._buf, self._pbuf, self._ibuf, self._abuf, ex._S, store.arrays,
                                        rungs, EAGER_FREE_ROWS, self._free_queue, out, rowstore.MAX_STORED_EXPRS)
-            # what the compiled rows added: the ExprSet's mirrors, the store's count, the bound
-            ex._settle()
-            if out[3]:
-                store.added += int(out[3])
-                out[3] = 0
-                self._check_full()
+            self._after_rows(store, out)
             if st == lexdfa.DONE:
                 self._after_eager(0)
                 return
@@ -437,6 +432,15 @@ class Lexer:
                 self._reserve(1, int(D.ms_off[s + 1] - D.ms_off[s]))
             else:
                 self._after_eager(-1)
+
+    def _after_rows(self, store, out: np.ndarray) -> None:
+        """After a compiled expansion: what its rows added (the ExprSet's mirrors, the store's
+        count ``out[3]``, the generation's bound)."""
+        self.exprs._settle()
+        if out[3]:
+            store.added += int(out[3])
+            out[3] = 0
+            self._check_full()
 
     def _intern(self, members: tuple[tuple[int, int], ...]) -> int:
         s = self._state_ids.get(members)
@@ -535,11 +539,7 @@ class Lexer:
                                      self._X, self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex,
                                      self._D, self._buf, self._pbuf, self._ibuf, self._abuf, ex._S, store.arrays,
                                      EAGER_FREE_ROWS, self._free_queue, out, rowstore.MAX_STORED_EXPRS)
-                ex._settle()
-                if out[3]:
-                    store.added += int(out[3])
-                    out[3] = 0
-                    self._check_full()
+                self._after_rows(store, out)
                 if st == lexdfa.DONE:
                     self._after_eager(0)
                     if not left or self.full:

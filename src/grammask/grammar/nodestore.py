@@ -175,10 +175,10 @@ def _finish(S, i, slot, kind, nul, hb, ctr):
     return i
 
 
-@njit(nogil=True, cache=True)
-def mk3(S, kind, a, b, c):
-    """The node ``(kind, a, b, c)`` of a kind without children in the pool (EMPTY, EPS, CONCAT,
-    NOT, REPEAT), made if new, without simplification; -1 when the store is out of room."""
+@njit(nogil=True, cache=True, inline="always")
+def _lookup3(S, kind, a, b, c):
+    """``(node, slot)``: the node ``(kind, a, b, c)`` (of :func:`mk3`) and its slot in ``htab``,
+    or ``(-1, the free slot where it would go)``."""
     h = _h(_h(_h(_h(np.uint64(kind), kind), a), b), c)
     ht = S.htab
     sk = S.kind
@@ -190,8 +190,18 @@ def mk3(S, kind, a, b, c):
     while ht[slot] != 0:
         i = ht[slot] - 1
         if sk[i] == kind and sa[i] == a and sb[i] == b and sc[i] == c:
-            return i
+            return i, slot
         slot = (slot + 1) & mask
+    return -1, slot
+
+
+@njit(nogil=True, cache=True)
+def mk3(S, kind, a, b, c):
+    """The node ``(kind, a, b, c)`` of a kind without children in the pool (EMPTY, EPS, CONCAT,
+    NOT, REPEAT), made if new, without simplification; -1 when the store is out of room."""
+    i, slot = _lookup3(S, kind, a, b, c)
+    if i >= 0:
+        return i
     if not _room(S, 0, 0):
         return -1
     i = S.cnt[C_NODES]
@@ -1012,20 +1022,7 @@ def ladder_next(S, e, n):
 @njit(nogil=True, cache=True)
 def _find3(S, kind, a, b, c):
     """The node ``(kind, a, b, c)`` of :func:`mk3` if it exists, else -1 (nothing is made)."""
-    h = _h(_h(_h(_h(np.uint64(kind), kind), a), b), c)
-    ht = S.htab
-    sk = S.kind
-    sa = S.a
-    sb = S.b
-    sc = S.c
-    mask = ht.shape[0] - 1
-    slot = np.int64(h & np.uint64(mask))
-    while ht[slot] != 0:
-        i = ht[slot] - 1
-        if sk[i] == kind and sa[i] == a and sb[i] == b and sc[i] == c:
-            return i
-        slot = (slot + 1) & mask
-    return -1
+    return _lookup3(S, kind, a, b, c)[0]
 
 
 @njit(nogil=True, cache=True, inline="always")

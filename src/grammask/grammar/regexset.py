@@ -52,7 +52,10 @@ MAX_COUNT = 1 << 62
 MAX_NEED_MEMO = 200_000
 #: pairs :meth:`ExprSet._counted_need` may meet before it leaves a pair to the other searches
 NEED_EXACT_PAIRS = 4_000
-NEED_REFUSED = -3          # _counted_need: past NEED_EXACT_PAIRS (kept in the memo, not the table)
+#: pairs :meth:`ExprSet._counted_bits` may meet (it meets every pair reachable: a minLength's
+#: first character asks it of a format's whole pair graph, where a search stops at one word)
+COUNTS_PAIRS = 600
+NEED_REFUSED = -3          # past NEED_EXACT_PAIRS / COUNTS_PAIRS (kept in the memo, not the table)
 MOST_UNBOUNDED = 1 << 62   # _counted_most: words with any number of factors
 MOST_REFUSED = -2          # _counted_most: the pair's graph was past the exploration's limit
 #: pairs the most-factors exploration may meet when it is tried first (a minLength check); past it
@@ -79,6 +82,11 @@ _py_transitions = FastCall(ns.py_transitions)
 _need_put = FastCall(ns.need_put)
 _need_rehash = FastCall(ns.need_rehash)
 _rehash = ns.rehash
+
+
+def _unless_refused(v: int) -> int | None:
+    """A memoised count, None for :data:`NEED_REFUSED`."""
+    return None if v == NEED_REFUSED else v
 
 
 def _counts_decide(least: int, bits: int, lo: int, hi: int) -> int:
@@ -662,8 +670,11 @@ class ExprSet:
             least = self._counted_need(x << 32 | p, r)
             if least is not None:
                 return 0 <= least and (hi == INF or least <= hi)
-        elif hi != INF:
-            # with a minimum (an exact length): the counts of the pair, likewise
+        elif lo == hi:
+            # an exact length: the counts of the pair, likewise (only there: the set of counts
+            # needs every pair reachable, where the searches below stop at the first word in
+            # range; a format's graph under a minLength past COUNTS_PAIRS made each state of
+            # Github_easy---o58907's email explore it again, 0.5 s a state)
             got = self._counted_bits(x << 32 | p, r)
             if got is not None:
                 d = _counts_decide(ns.NEED_UNKNOWN, got, lo, hi)
@@ -703,7 +714,7 @@ class ExprSet:
         memo = self._need_exact
         got = memo.get(start << 32 | r)
         if got is not None:
-            return None if got == NEED_REFUSED else got
+            return _unless_refused(got)
         nullable = self._nullable
         dist = {start: 0}
         parent = {start: -1}
@@ -733,7 +744,10 @@ class ExprSet:
                         parent[t] = k
                         heapq.heappush(heap, (d2, t))
             if len(dist) > limit:
-                memo[start << 32 | r] = NEED_REFUSED   # (in the memo only: the other methods decide)
+                # every pair met is refused (in the memo only: the other methods decide): the
+                # next states of the string are pairs met, and each would explore again
+                for k2 in dist:
+                    memo.setdefault(k2 << 32 | r, NEED_REFUSED)
                 return None
         if len(memo) > MAX_NEED_MEMO:
             self._need_clear()
@@ -783,7 +797,8 @@ class ExprSet:
     def _counted_bits(self, start: int, r: int) -> int | None:
         """The counts of factors of ``r`` that the words of ``x & p r*`` begin, from the pair
         ``start = x << 32 | p``: bit ``k`` for each count ``k`` up to 61, bit 62 if some count is
-        past 61 (:data:`.nodestore.BITS_OVER`); None past :data:`NEED_EXACT_PAIRS` pairs.
+        past 61 (:data:`.nodestore.BITS_OVER`); None past :data:`COUNTS_PAIRS` pairs (each
+        pair met is then refused: the searches decide it and its derivatives).
 
         Every pair reachable from ``start`` is met (:meth:`_counted_moves`; a pair whose counts
         are known is a leaf), then the counts flow backwards to a fixpoint: a pair with both
@@ -797,7 +812,7 @@ class ExprSet:
         memo = self._count_bits
         got = memo.get(start << 32 | r)
         if got is not None:
-            return None if got == NEED_REFUSED else got
+            return _unless_refused(got)
         nullable = self._nullable
         index = {start: 0}
         pairs = [start]
@@ -821,8 +836,10 @@ class ExprSet:
                             j = index[t] = len(pairs)
                             pairs.append(t)
                         (o if new else z).append(j)
-                if len(pairs) > NEED_EXACT_PAIRS:
-                    memo[start << 32 | r] = NEED_REFUSED   # (the memo only: the searches decide)
+                if len(pairs) > COUNTS_PAIRS:
+                    # every pair met refused (the memo only: the searches decide), as above
+                    for k2 in pairs:
+                        memo.setdefault(k2 << 32 | r, NEED_REFUSED)
                     return None
             zero.append(z)
             one.append(o)
