@@ -18,6 +18,16 @@ class _Unrolled(ExprSet):
         return None
 
 
+def _derivatives(ex, e, ref, e_ref):
+    """``(w, d, d_ref)``: the derivatives of ``e`` (in ``ex``) and ``e_ref`` (in ``ref``) by every
+    word ``w`` of up to 3 bytes over ``abcdx`` (a string's states: partial factors, counts left)."""
+    for w in (bytes(t) for n in range(4) for t in product(b"abcdx", repeat=n)):
+        d, d_ref = e, e_ref
+        for b in w:
+            d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+        yield w, d, d_ref
+
+
 def _least_factors(x: str, p: str, r: str, max_len: int) -> int | None:
     """The fewest factors of ``r`` in a split ``u f1 … fk`` (``u`` in ``p``) of a word of ``x``
     of at most ``max_len`` bytes, -1 if none (brute force, :func:`_factor_counts`; None: too many
@@ -93,10 +103,7 @@ def test_compiled_table_decides_every_count_as_the_unrolled_exploration():
         for h in range(2, 9):
             e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), 0, h))
             e_ref = ref.intersect(parse_regex(x, ref), ref.repeat(parse_regex(r, ref), 0, h))
-            for w in (bytes(t) for n in range(4) for t in product(b"abcdx", repeat=n)):
-                d, d_ref = e, e_ref
-                for b in w:
-                    d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+            for w, d, d_ref in _derivatives(ex, e, ref, e_ref):
                 want = ref.alive(d_ref)
                 if h == 2:
                     # Python's check (which stores the least counts of the pairs it meets)
@@ -184,10 +191,7 @@ def test_compiled_table_decides_minimums_as_the_unrolled_exploration():
         for lo, hi in ((2, 2), (3, 3), (5, 5), (2, 4), (4, 7), (1, 9)):
             e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))
             e_ref = ref.intersect(parse_regex(x, ref), ref.repeat(parse_regex(r, ref), lo, hi))
-            for w in (bytes(t) for n in range(4) for t in product(b"abcdx", repeat=n)):
-                d, d_ref = e, e_ref
-                for b in w:
-                    d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+            for w, d, d_ref in _derivatives(ex, e, ref, e_ref):
                 want = ref.alive(d_ref)
                 q = ns.counted_lookup(ex._S, d)
                 if q >= 0:
@@ -214,10 +218,7 @@ def test_refused_counts_fall_back_to_the_searches(monkeypatch):
             ex, ref = ExprSet(), _Unrolled()
             e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))
             e_ref = ref.intersect(parse_regex(x, ref), ref.repeat(parse_regex(r, ref), lo, hi))
-            for w in (bytes(t) for n in range(4) for t in product(b"abcdx", repeat=n)):
-                d, d_ref = e, e_ref
-                for b in w:
-                    d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+            for w, d, d_ref in _derivatives(ex, e, ref, e_ref):
                 assert ex.alive(d) == ref.alive(d_ref), (x, r, lo, hi, w)
             refused += sum(1 for v in list(ex._need_exact.values()) + list(ex._count_bits.values())
                            if v == rs.NEED_REFUSED)
