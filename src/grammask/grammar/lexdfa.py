@@ -37,7 +37,8 @@ class FastCall:
     (compiling or loading the cache) and fixes the entry to the signature of its arguments'
     types; signatures that compiled callers add (literal constants, narrower ints) do not
     matter. Every Python call of a kernel must pass the same types (each wrapper has its fixed
-    call sites); ``GRAMMASK_CHECK_FASTCALL=1`` checks that on every call (tests/conftest.py)."""
+    call sites); with ``GRAMMASK_CHECK_FASTCALL=1`` in the environment every call checks it
+    (``pytest`` under it: the whole suite passes)."""
 
     __slots__ = ("fn", "entry", "sig")
 

@@ -390,10 +390,7 @@ class Lexer:
         seeds = [s for s in states if not self.expanded[s]]
         if not seeds:
             return
-        self._reserve(0, 0)
-        if self._D.queue.shape[0] < len(seeds) + 16:
-            q = 2 * len(seeds) + 16
-            self._D = self._D._replace(queue=np.zeros(q, np.int32), defer=np.zeros(q, np.int32))
+        self._room_for_seeds(len(seeds))
         D = self._D
         D.queue[:len(seeds)] = seeds
         cnt = D.cnt
@@ -411,8 +408,6 @@ class Lexer:
         ex = self.exprs
         store = rowstore.row_store(ex)
         out = self._rows_out
-        if self._free_queue.shape[0] < EAGER_FREE_ROWS:
-            self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
         while True:
             st, s = _eager_expand_rows(budget, spec_rows, self.max_states, self.hard_max_states, self._X,
                                        self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex,
@@ -422,16 +417,29 @@ class Lexer:
             if st == lexdfa.DONE:
                 self._after_eager(0)
                 return
-            if st == lexdfa.NEED_ROWS:
-                D = self._D
-                n = int(D.cnt[8])
-                self._fill_rows(sorted(set(D.need[:n].tolist())), rungs)
-                D.cnt[8] = 0
-            elif st == lexdfa.NEED_ROOM:
-                D = self._D
-                self._reserve(1, int(D.ms_off[s + 1] - D.ms_off[s]))
-            else:
-                self._after_eager(-1)
+            self._serve(st, s, rungs)
+
+    def _room_for_seeds(self, n: int) -> None:
+        """Room in the expansion's arrays, its queue for ``n`` seeds and its free-row queue."""
+        self._reserve(0, 0)
+        if self._D.queue.shape[0] < n + 16:
+            q = 2 * n + 16
+            self._D = self._D._replace(queue=np.zeros(q, np.int32), defer=np.zeros(q, np.int32))
+        if self._free_queue.shape[0] < EAGER_FREE_ROWS:
+            self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
+
+    def _serve(self, st: int, s: int, rungs: int) -> None:
+        """What the compiled expansion stopped for (status ``st`` at state ``s``): the rows it
+        needs built (ladders of ``rungs``), room for state ``s``, or the generation's bound."""
+        D = self._D
+        if st == lexdfa.NEED_ROWS:
+            n = int(D.cnt[8])
+            self._fill_rows(sorted(set(D.need[:n].tolist())), rungs)
+            D.cnt[8] = 0
+        elif st == lexdfa.NEED_ROOM:
+            self._reserve(1, int(D.ms_off[s + 1] - D.ms_off[s]))
+        else:
+            self._after_eager(-1)
 
     def _after_rows(self, store, out: np.ndarray) -> None:
         """After a compiled expansion: what its rows added (the ExprSet's mirrors, the store's
@@ -527,12 +535,7 @@ class Lexer:
                 raise ValueError("expand_chains needs the compiled (eager) expansion")
             ex = self.exprs
             while True:
-                self._reserve(0, 0)
-                if self._D.queue.shape[0] < found.shape[0] + 16:
-                    q = 2 * found.shape[0] + 16
-                    self._D = self._D._replace(queue=np.zeros(q, np.int32), defer=np.zeros(q, np.int32))
-                if self._free_queue.shape[0] < EAGER_FREE_ROWS:
-                    self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
+                self._room_for_seeds(found.shape[0])
                 store = rowstore.row_store(ex)
                 out = self._rows_out
                 st, s, left = kernel(*head, rounds, self.resolve_budget, False, self.max_states, self.hard_max_states,
@@ -546,16 +549,8 @@ class Lexer:
                         return
                     continue
                 # stopped for Python: finish this round's expansion the usual way, then go on
-                D = self._D
                 rungs = max(1, min(int(deep[0]), rowstore.MAX_LADDER))
-                if st == lexdfa.NEED_ROWS:
-                    n = int(D.cnt[8])
-                    self._fill_rows(sorted(set(D.need[:n].tolist())), rungs)
-                    D.cnt[8] = 0
-                elif st == lexdfa.NEED_ROOM:
-                    self._reserve(1, int(D.ms_off[s + 1] - D.ms_off[s]))
-                else:
-                    self._after_eager(-1)
+                self._serve(st, s, rungs)
                 self._eager_loop(self.resolve_budget, False, rungs)
                 if self.full:
                     return
