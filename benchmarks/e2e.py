@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -558,7 +559,8 @@ async def amain(args) -> str:
                f"{cost_s:.0f} s, whole run {total_s:.0f} s.\n")
     per_req = sorted(_mean(t for t, n in zip(r.fwd, r.fwd_n) if n == 1) for r in runs
                      if r.repeat >= 0 and any(n == 1 for n in r.fwd_n))
-    out.append(f"**Timings are noisy**: 2 CPU cores shared with other processes; the mean 1-token forward of "
+    out.append(f"**Timings are noisy** ({os.cpu_count()} CPU cores, load average "
+               f"{', '.join(f'{x:.2f}' for x in os.getloadavg())} at the end): the mean 1-token forward of "
                f"a request ranged {per_req[0] * 1e3:.0f}–{per_req[-1] * 1e3:.0f} ms over the timed requests "
                f"(same model, same settings). Modes take turns per prompt (order rotated per "
                "prompt and repeat); rates are pooled over the prompts per repeat (Σ decode tokens / Σ decode "

@@ -152,7 +152,14 @@ def test_triton_kernel_in_the_interpreter_matches_cpu_reference():
     """)
     env = dict(os.environ, TRITON_INTERPRET="1")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    if r.returncode != 0 and INTERPRETER_NUMPY_BUG in r.stderr and "triton/runtime/interpreter.py" in r.stderr:
+        # Triton 3.6's interpreter calls int() on a 1-element array, which numpy >= 2.5 refuses (seen
+        # on the GPU machine's image: triton 3.6.0, numpy 2.5.2); the native kernel is tested below
+        pytest.skip(f"Triton's CPU interpreter does not run under numpy {np.__version__}: {INTERPRETER_NUMPY_BUG}")
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-2000:] + r.stderr[-4000:]
+
+
+INTERPRETER_NUMPY_BUG = "only 0-dimensional arrays can be converted to Python scalars"
 
 
 # ---------------------------------------------------------------------------------------------- CUDA

@@ -91,8 +91,11 @@ def _num_programs(device: torch.device) -> int:
     return n
 
 
-def apply_triton(logits: torch.Tensor, bitmask, vocab_size, indices, block_size: int = 4096) -> None:
-    """Launch the kernel (the caller checked :func:`triton_applies`, or runs the interpreter)."""
+def apply_triton(logits: torch.Tensor, bitmask, vocab_size, indices, block_size: int = 4096,
+                 num_warps: int | None = None) -> None:
+    """Launch the kernel (the caller checked :func:`triton_applies`, or runs the interpreter).
+    ``num_warps``: warps per program; default 16 for float32 logits and 32 for 16-bit ones (the best of
+    4/8/16/32 on an H200 at B = 64..256, ``benchmarks/cuda_bitmask.py --warps``)."""
     lg = logits.unsqueeze(0) if logits.dim() == 1 else logits
     bm = as_bitmask(bitmask, lg.device)
     bm = bm.unsqueeze(0) if bm.dim() == 1 else bm
@@ -109,5 +112,5 @@ def apply_triton(logits: torch.Tensor, bitmask, vocab_size, indices, block_size:
     _kernel()[(n_programs,)](
         lg, bm, idx if idx is not None else bm, num_rows, V, n_cols, lg.stride(0), bm.stride(0), bm.shape[1],
         NUM_PROGRAMS=n_programs, HAS_INDICES=idx is not None, BLOCK_SIZE=block_size,
-        num_warps=8 if lg.device.type == "cuda" else 1,
+        num_warps=(num_warps or (16 if lg.element_size() == 4 else 32)) if lg.device.type == "cuda" else 1,
     )
