@@ -79,6 +79,39 @@ def test_proved_pairs_answer_later_questions_about_derivatives():
 
 
 
+def _key_members(ex, cover: str, rest2: str = '"'):
+    """A key lexeme as a JSON object with ``properties``, ``patternProperties`` ``a...`` and
+    additional keys builds it: declared keys, pattern keys other than declared ones, other keys."""
+    anykey = ex.star(parse_regex("[abc]", ex))
+    declared = ex.alt(ex.literal("ab"), ex.literal("b"))
+    pattern = parse_regex("a[abc]*", ex)
+    other = ex.intersect(anykey, ex.complement(declared), ex.complement(pattern))
+    members = [ex.concat(ex.literal("b"), ex.literal('"')), ex.concat(other, ex.literal('"'))]
+    if cover == "pattern-minus-declared":
+        members.append(ex.concat(ex.intersect(pattern, ex.complement(declared)), ex.literal(rest2)))
+    elif cover == "pattern":
+        members.append(ex.concat(pattern, ex.literal(rest2)))
+    elif cover == "pattern-minus-infinite":
+        members.append(ex.concat(ex.intersect(pattern, ex.complement(parse_regex("ab[abc]*", ex))),
+                                 ex.literal(rest2)))
+    return ex.alt(*members)
+
+
+@pytest.mark.parametrize("cover,rest2,shortcut", [
+    ("pattern-minus-declared", '"', True), ("pattern", '"', True),
+    ("none", '"', False), ("pattern-minus-declared", "c", False), ("pattern-minus-infinite", '"', False),
+])
+def test_additional_keys_beside_pattern_keys_are_decided_structurally(cover, rest2, shortcut):
+    """``X* & ~declared & ~pattern`` stands for ``X*`` only when the pattern's keys have their own
+    alternative with the same tail (minus finitely many): the answer always equals brute force."""
+    ex = ExprSet()
+    u = _key_members(ex, cover, rest2)
+    for pat in ("[ab]{1,3}", "[abc]{0,4}", "a{1,3}"):
+        s = parse_regex(pat, ex)
+        assert ex._repeat_covers(s, u) is shortcut
+        assert ex.prefixes_contain(s, u) == brute_prefixes_contain(ex, s, u), (cover, rest2, pat)
+
+
 @pytest.mark.parametrize("pat,bound,expect", [
     ("[ab]{3}c", 4, True), ("[ab]{3}c", 3, False), ("(ab|c)+", 1, True), ("a{5,}", 4, False),
     ("(ab)*", 0, True), ("x|yyyy", 2, True), ("yy(yy)*", 1, False),

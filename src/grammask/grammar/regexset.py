@@ -158,6 +158,8 @@ class ExprSet:
         self._fm: dict[int, tuple[int, ...]] = {}  # sorted first-byte masks
         self._partition_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
         self._trans: dict[int, tuple[tuple[int, int], ...]] = {}
+        #: :meth:`first_bytes` memo (the union of an expression's transition masks)
+        self._first: dict[int, int] = {}
         self.max_nodes = max_nodes
         self.max_alive_states = max_alive_states
         #: held by every writer: compilers, lexers and slice checks of all grammars sharing the set
@@ -1284,21 +1286,11 @@ class ExprSet:
         if self.kind[s] != REPEAT:
             return False
         c, _a, b = self.args[s]
-        for m in (self.args[u] if self.kind[u] == OR else (u,)):
-            if self.kind[m] == CONCAT:
-                first, rest = self.args[m]
-            else:
-                first, rest = m, EPS
-            if self.kind[first] == AND and len(self.args[first]) == 2:
-                # ``X{lo,} & ~B`` with ``B`` finite (a key other than the declared ones): every
-                # prefix of an ``X{lo,}`` word has infinitely many completions, finitely many of
-                # them in ``B``, so its prefixes are those of ``X{lo,}``
-                p_, n_ = self.args[first]
-                if self.kind[p_] == NOT:
-                    p_, n_ = n_, p_
-                if (self.kind[n_] == NOT and self.kind[p_] == REPEAT and self.args[p_][2] == INF
-                        and not self.may_be_infinite(self.args[n_][0])):
-                    first = p_
+        members = self.args[u] if self.kind[u] == OR else (u,)
+        split = [self.args[m] if self.kind[m] == CONCAT else (m, EPS) for m in members]
+        for first, rest in split:
+            if self.kind[first] == AND:
+                first = self._open_repeat_of(first, rest, members, split)
             if self.kind[first] != REPEAT:
                 continue
             x, _lo, hi = self.args[first]
@@ -1313,6 +1305,41 @@ class ExprSet:
             if sub and (tail == EPS or (b == INF and self.prefixes_contain(tail, x))):
                 return True
         return False
+
+    def _open_repeat_of(self, first: int, rest: int, members, split) -> int:
+        """``X{lo,}`` when the alternative ``first rest`` of a union (``members``; ``split``: them
+        as ``(first, rest)``) may stand for ``X{lo,} rest`` in :meth:`prefixes_contain`, else
+        ``first`` itself. ``first`` is ``X{lo,} & ~B & ~C1 & ...`` with ``B`` finite (a key other
+        than the declared ones), and each ``Ci`` is finite too or has its own alternative
+        ``(Ci & ~Bi) rest`` with ``Bi`` finite, or ``Ci rest`` (keys of a ``patternProperties``
+        pattern, taken out of the additional keys: clang-format's ``^x-``). Then the union holds ``(X{lo,} minus a finite set) rest``, and
+        every prefix of an ``X{lo,}`` word, having infinitely many completions (``X`` has a
+        non-empty word), has one outside the finite set."""
+        parts = self.args[first]
+        pos = [x for x in parts if self.kind[x] != NOT]
+        if len(pos) != 1 or self.kind[pos[0]] != REPEAT or self.args[pos[0]][2] != INF:
+            return first
+        if not self.first_bytes(self.args[pos[0]][0]):
+            return first
+        for n in parts:
+            if n == pos[0]:
+                continue
+            cj = self.args[n][0]
+            if not self.may_be_infinite(cj):
+                continue
+            if not (any(r2 == rest and self._finite_minus(f2, cj) for f2, r2 in split)
+                    or self.concat(cj, rest) in members):
+                return first
+        return pos[0]
+
+    def _finite_minus(self, f: int, c: int) -> bool:
+        """``f`` is ``c & ~B`` with ``B`` finite."""
+        if self.kind[f] != AND or len(self.args[f]) != 2:
+            return False
+        x, y = self.args[f]
+        if x != c:
+            x, y = y, x
+        return x == c and self.kind[y] == NOT and not self.may_be_infinite(self.args[y][0])
 
     def may_be_infinite(self, e: int) -> bool:
         """False only when the language of ``e`` is certainly finite (no unbounded repeat
@@ -1433,9 +1460,12 @@ class ExprSet:
 
     def first_bytes(self, e: int) -> int:
         """Mask of the bytes that can start a non-empty string of ``e``."""
-        m = 0
-        for mm, _ in self.transitions(e):
-            m |= mm
+        m = self._first.get(e)
+        if m is None:
+            m = 0
+            for mm, _ in self.transitions(e):
+                m |= mm
+            self._first[e] = m
         return m
 
     def can_extend(self, e: int) -> bool:

@@ -257,6 +257,10 @@ class SliceChecker:
             #: per slice, its expression and the bytes its strings can begin with (a necessary
             #: condition of containment, below)
             self.exprs, self.first = cache[patterns]
+        #: the same as a [slice, byte] table, to test all slices against a row at once
+        self._first_table = np.zeros((len(self.first), 256), np.bool_)
+        for k, fb in enumerate(self.first):
+            self._first_table[k, fb] = True
         self._cache: dict[int, np.ndarray] = {}
 
     @property
@@ -281,8 +285,8 @@ class SliceChecker:
                 # a slice whose strings may begin with a byte on which the state's row is dead
                 # (no member lives after it) is not contained: no proof needed. Most states
                 # outside strings end here.
-                row = lexer.trans[s * 256:(s + 1) * 256]
-                todo = [k for k, fb in enumerate(self.first) if not (row[fb] == DEAD).any()]
+                dead = lexer.trans[s * 256:(s + 1) * 256] == DEAD
+                todo = np.flatnonzero(~(self._first_table & dead).any(1)).tolist()
                 combo = 0
                 # the union of the state's expressions: the same for every slice
                 u = ex.alt(*[x for _, x in lexer.state_members(s)]) if todo else -1
