@@ -112,6 +112,23 @@ def test_additional_keys_beside_pattern_keys_are_decided_structurally(cover, res
         assert ex.prefixes_contain(s, u) == brute_prefixes_contain(ex, s, u), (cover, rest2, pat)
 
 
+@pytest.mark.parametrize("body,lo,tail,shortcut", [
+    ("[abc]", 4, "c[abc]*", True),    # an unanchored pattern under minLength: decided structurally
+    ("[abc]", 9, "c[abc]*", True),
+    ("[a]", 4, "c[abc]*", False),     # words outside B*: the minimum cannot be met
+    ("[abc]", 4, "c", False),         # a tail without long words: walked
+    ("[abc]", 4, "c[abc]{0,2}", False),
+])
+def test_min_length_over_an_unanchored_pattern_is_decided_structurally(body, lo, tail, shortcut):
+    ex = ExprSet()
+    y = ex.alt(ex.concat(ex.star(parse_regex("[ab]", ex)), parse_regex(tail, ex)), ex.literal("cc"))
+    u = ex.concat(ex.intersect(y, ex.repeat(parse_regex(body, ex), lo, None)), ex.literal('"'))
+    for pat in ("[ab]{1,3}", "[ab]{0,4}c?"):
+        s = parse_regex(pat, ex)
+        assert ex._repeat_covers(s, u) is (shortcut and pat == "[ab]{1,3}"), pat
+        assert ex.prefixes_contain(s, u) == brute_prefixes_contain(ex, s, u), (body, lo, tail, pat)
+
+
 @pytest.mark.parametrize("pat,bound,expect", [
     ("[ab]{3}c", 4, True), ("[ab]{3}c", 3, False), ("(ab|c)+", 1, True), ("a{5,}", 4, False),
     ("(ab)*", 0, True), ("x|yyyy", 2, True), ("yy(yy)*", 1, False),

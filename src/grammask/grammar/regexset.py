@@ -1289,22 +1289,70 @@ class ExprSet:
         members = self.args[u] if self.kind[u] == OR else (u,)
         split = [self.args[m] if self.kind[m] == CONCAT else (m, EPS) for m in members]
         for first, rest in split:
+            heads = (first,)
             if self.kind[first] == AND:
-                first = self._open_repeat_of(first, rest, members, split)
-            if self.kind[first] != REPEAT:
-                continue
-            x, _lo, hi = self.args[first]
-            if hi != INF and (b == INF or b > hi):
-                continue
-            if not (self.alive(x) and self.alive(rest)):
-                continue
-            key = c << 32 | x
-            sub = self._subset_cache.get(key)
-            if sub is None:
-                sub = self._subset_cache[key] = not self.alive(self.intersect(c, self.complement(x)))
-            if sub and (tail == EPS or (b == INF and self.prefixes_contain(tail, x))):
-                return True
+                head = self._open_repeat_of(first, rest, members, split)
+                heads = (head,) if head != first else self._heads_past_min_length(first)
+            for head in heads:
+                if self.kind[head] != REPEAT:
+                    continue
+                x, _lo, hi = self.args[head]
+                if hi != INF and (b == INF or b > hi):
+                    continue
+                if not (self.alive(x) and self.alive(rest)):
+                    continue
+                if self._subset(c, x) and (tail == EPS or (b == INF and self.prefixes_contain(tail, x))):
+                    return True
         return False
+
+    def _subset(self, a: int, b: int) -> bool:
+        """``L(a)`` within ``L(b)`` (memoised)."""
+        key = a << 32 | b
+        sub = self._subset_cache.get(key)
+        if sub is None:
+            sub = self._subset_cache[key] = not self.alive(self.intersect(a, self.complement(b)))
+        return sub
+
+    def _heads_past_min_length(self, first: int) -> tuple[int, ...]:
+        """For ``first`` = ``Y & B{lo,}`` (a ``minLength``: ``B`` one character, of bounded
+        length), the heads ``X{0,}`` of the alternatives ``X{0,} T`` of ``Y`` that may stand for
+        ``first`` in :meth:`_repeat_covers`: ``T`` has arbitrarily long words and ``X{0,} T``
+        is within ``B*``. Then every prefix ``p`` of an ``X{0,}`` word extends to ``p' t`` in
+        ``Y`` (``p'`` an ``X{0,}`` word, ``t`` a word of ``T`` as long as needed), a word of
+        ``B*`` long enough to hold ``lo`` characters: in ``first``. (An unanchored pattern
+        under ``minLength``, Github_hard---o79409's ``trace_id``: the product walk met thousands
+        of pairs per slice.)"""
+        parts = self.args[first]
+        if len(parts) != 2:
+            return ()
+        for y, r in (parts, parts[::-1]):
+            if self.kind[r] != REPEAT or self.kind[y] == NOT:
+                continue
+            bb, _lo, hi = self.args[r]
+            if hi != INF or self._has_bool[bb] or self.may_be_infinite(bb) or not self.first_bytes(bb):
+                continue
+            out = []
+            for alt in (self.args[y] if self.kind[y] == OR else (y,)):
+                if self.kind[alt] != CONCAT:
+                    continue
+                p, t = self.args[alt]
+                if (self.kind[p] == REPEAT and self.args[p][1] == 0 and self.args[p][2] == INF
+                        and self._has_long_words(t) and self._subset(alt, self.repeat(bb, 0, INF))):
+                    out.append(p)
+            return tuple(out)
+        return ()
+
+    def _has_long_words(self, t: int) -> bool:
+        """``t`` has arbitrarily long words (a sufficient test): non-empty parts ending in an
+        unbounded repeat of a body with a non-empty word."""
+        while self.kind[t] == CONCAT:
+            h, t = self.args[t]
+            if not self.alive(h):
+                return False
+        if self.kind[t] != REPEAT or self.args[t][2] != INF:
+            return False
+        z = self.args[t][0]
+        return bool(self.first_bytes(z)) and (self.args[t][1] == 0 or self.alive(z))
 
     def _open_repeat_of(self, first: int, rest: int, members, split) -> int:
         """``X{lo,}`` when the alternative ``first rest`` of a union (``members``; ``split``: them
