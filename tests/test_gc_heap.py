@@ -30,7 +30,9 @@ def test_freeze_moves_the_live_heap_out_of_full_collections(unfrozen):
     keep = [_Cycle() for _ in range(1000)]
     before = len(gc.get_objects())
     n = freeze_gc_heap()
-    assert n == gc.get_freeze_count() >= 1000
+    # frozen objects that other threads of the test process free (earlier tests' workers ending)
+    # leave the permanent generation: the count can only have dropped since the call
+    assert n >= gc.get_freeze_count() >= 1000 and n - gc.get_freeze_count() < 100
     # what was alive is frozen, not collected, and no longer walked by a collection
     walked = {id(o) for o in gc.get_objects()}
     assert len(walked) < before / 10
