@@ -69,13 +69,15 @@ not hold the model tokenizer's canonical structure). A grammar that
 fails to compile in the worker (it was checked in the frontend, so only on resource bounds) is
 logged and its request is allowed stop tokens only.
 
-**Remains for a GPU machine** (nothing here ran under vLLM: this machine has no GPU and the vLLM
-wheel needs CUDA libraries): ``vllm serve`` end to end with the option above at 1 and 64
-concurrent clients (valid outputs, throughput vs ``--structured-outputs-config.backend xgrammar``);
-the V2 runner path (``GrammaskLogitsProcessorV2`` reads committed tokens from
-``req_states.all_token_ids``; the read-back and its ordering under async scheduling are
-unverified); timing of the CUDA bitmask application (Triton kernel) vs xgrammar's; the pinned
-host->device copy of the bitmask; the engine (:mod:`grammask.pipeline`) on CUDA.
+**Remains for a GPU machine with vLLM** (nothing here ran under vLLM: this machine has no GPU,
+and the GPU machine lent to the project has torch 2.11 and no network, while ``vllm==0.33.0``
+needs ``torch==2.14.0``, flashinfer and a 336 MB wheel, past what a call may carry):
+``vllm serve`` end to end with the option above at 1 and 64 concurrent clients (valid outputs,
+throughput vs ``--structured-outputs-config.backend xgrammar`` and guidance); the V2 runner path
+(``GrammaskLogitsProcessorV2`` reads committed tokens from ``req_states.all_token_ids``; the
+read-back and its ordering under async scheduling are unverified). Done on an H200 without vLLM
+(``benchmarks/gpu_checks.sh``, figures in ``benchmarks/RESULTS.md``): the Triton bitmask kernel
+against xgrammar's, the engine (:mod:`grammask.pipeline`) and the HTTP server on CUDA.
 """
 from __future__ import annotations
 
