@@ -1360,9 +1360,9 @@ class ExprSet:
         ``first`` itself. ``first`` is ``X{lo,} & ~B & ~C1 & ...`` with ``B`` finite (a key other
         than the declared ones), and each ``Ci`` is finite too or has its own alternative
         ``(Ci & ~Bi) rest`` with ``Bi`` finite, or ``Ci rest`` (keys of a ``patternProperties``
-        pattern, taken out of the additional keys: clang-format's ``^x-``). Then the union holds ``(X{lo,} minus a finite set) rest``, and
-        every prefix of an ``X{lo,}`` word, having infinitely many completions (``X`` has a
-        non-empty word), has one outside the finite set."""
+        pattern, taken out of the additional keys: clang-format's ``^x-``). Then the union holds
+        ``(X{lo,} minus a finite set) rest``, and every prefix of an ``X{lo,}`` word, having
+        infinitely many completions (``X`` has a non-empty word), has one outside the finite set."""
         parts = self.args[first]
         pos = [x for x in parts if self.kind[x] != NOT]
         if len(pos) != 1 or self.kind[pos[0]] != REPEAT or self.args[pos[0]][2] != INF:
