@@ -253,14 +253,10 @@ class SliceChecker:
             cache = ex.__dict__.setdefault("_slice_exprs", {})
             if patterns not in cache:
                 exprs = [slice_expr(p, ex) for p in patterns]
-                cache[patterns] = (exprs, [_first_bytes(ex, e) for e in exprs])
-            #: per slice, its expression and the bytes its strings can begin with (a necessary
-            #: condition of containment, below)
-            self.exprs, self.first = cache[patterns]
-        #: the same as a [slice, byte] table, to test all slices against a row at once
-        self._first_table = np.zeros((len(self.first), 256), np.bool_)
-        for k, fb in enumerate(self.first):
-            self._first_table[k, fb] = True
+                cache[patterns] = (exprs, _first_table(ex, exprs))
+            #: per slice, its expression, and a [slice, byte] table of the bytes its strings can
+            #: begin with (a necessary condition of containment, below: all slices at once)
+            self.exprs, self._first_table = cache[patterns]
         self._cache: dict[int, np.ndarray] = {}
 
     @property
@@ -314,12 +310,13 @@ class SliceChecker:
         return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds)
 
 
-def _first_bytes(ex: ExprSet, e: int) -> np.ndarray:
-    """The bytes that the strings of ``e`` can begin with, as an index array."""
-    m = 0
-    for mask, _t in ex.transitions(e):
-        m |= mask
-    return np.array([b for b in range(256) if m >> b & 1], np.int64)
+def _first_table(ex: ExprSet, exprs: list[int]) -> np.ndarray:
+    """``[k, b]``: the strings of ``exprs[k]`` can begin with byte ``b``."""
+    t = np.zeros((len(exprs), 256), np.bool_)
+    for k, e in enumerate(exprs):
+        m = ex.first_bytes(e)
+        t[k] = [m >> b & 1 for b in range(256)]
+    return t
 
 
 INF_FLOAT = float("inf")
