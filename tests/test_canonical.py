@@ -840,3 +840,39 @@ def test_logits_processor_follows_response_format_canonical(small):
     spm = TokenizerInfo.from_huggingface(spm_tokenizer(), disk_cache=False)
     with pytest.raises(CanonicalTokenizationError):
         GrammarLogitsProcessor(rf, spm)
+
+
+# ---------------------------------------------------------------------------------------------- forced text after a candidate
+_FORCED_SCHEMA = {"type": "object", "properties": {
+    "rewardCreated": {"type": ["null", "boolean"]}, "rewardX": {"type": ["null", "integer"]},
+    "tags": {"type": "array", "items": {"enum": ["alpha", "beta"]}, "maxItems": 2}},
+    "required": ["rewardCreated", "rewardX", "tags"], "additionalProperties": False}
+
+
+def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
+    """The forced text after every candidate of a mask (:meth:`GrammarMatcher.forced_after_tokens`,
+    the grammar side of a dead-end check on wide masks: ``n`` when ``null`` is then forced), from one compiled call, against the
+    matcher's own jump-forward after accepting that candidate (Llama-3, a schema with forced keys
+    and literals; whitespace allowed, so some masks are wide). Where the lexer alone may read two
+    bytes after a candidate the call reports none, and a transition not built yet counts as one
+    it may read: its answer is then a prefix of the jump-forward's, never other text."""
+    info, tok, encode = _llama()
+    compiled = GrammarCompiler(info).compile_json_schema(_FORCED_SCHEMA)
+    doc = json.dumps({"rewardCreated": None, "rewardX": 12, "tags": ["beta"]})
+    m = GrammarMatcher(compiled)
+    equal = forced = 0
+    for t in encode(doc):
+        cand = _allowed(m, info.vocab_size)
+        flen, fbuf = m.forced_after_tokens(cand, 24)
+        for i, c in enumerate(cand.tolist()):
+            f = m.fork()
+            assert f.accept_token(c)
+            want = f.find_jump_forward_bytes(24)
+            got = fbuf[i, : flen[i]].tobytes()
+            assert flen[i] >= 0 and want[: len(got)] == got, (info.token_bytes[c], got, want)
+            if want:
+                forced += 1
+                equal += got == want
+        assert m.accept_token(t)
+    print("forced", forced, "found whole", equal)
+    assert forced > 20 and equal >= 0.9 * forced

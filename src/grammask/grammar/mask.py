@@ -631,3 +631,49 @@ def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
         n += 1
         lex_len += 1
     return OK, n
+
+
+@njit(nogil=True, cache=True)
+def forced_after(s, h, lex_len, G, L, P, M, ids, data, off, ok, flen, fbuf):
+    """For each candidate token ``ids[i]`` (bytes ``data[off[t]:off[t + 1]]``) read from (s, h): the
+    bytes the grammar forces right after it (:func:`jump_forward` from there, at most
+    ``fbuf.shape[1]``) into ``fbuf[i]``, their count into ``flen[i]`` (-1: the grammar rejects the
+    candidate). Rows above ``h`` are scratch, so every candidate starts from the same parser
+    state. Returns a status (OK, or what the driver must build before calling again)."""
+    # the rows a candidate built stay valid for the next one where their keys match (as in the
+    # trie walk): a row is a function of the rows below it and its key
+    cache_top = row_top(P, h)
+    for i in range(ids.shape[0]):
+        t = ids[i]
+        cs = s
+        ch = h
+        rejected = False
+        for j in range(off[t], off[t + 1]):
+            st, cs, ch, cache_top = step_slow(data[j], cs, ch, cache_top, G, L, P, M)
+            if st == REJECT:
+                rejected = True
+                break
+            if st != OK:
+                return st
+        if rejected:
+            flen[i] = -1
+            continue
+        # two bytes the lexer alone can read next: nothing is forced (most candidates; whitespace,
+        # digits and letters first, so the scan usually stops at once)
+        live = 0
+        base = cs * 256
+        for k in range(256):
+            b = (k + 32) & 255
+            if L.trans[base + b] != -1:
+                live += 1
+                if live == 2:
+                    break
+        if live == 2:
+            flen[i] = 0
+            continue
+        st, n = jump_forward(cs, ch, lex_len + off[t + 1] - off[t], G, L, P, M, fbuf[i], ok)
+        cache_top = min(cache_top, ch)   # jump_forward rebuilt the rows from ch up
+        if st != OK:
+            return st
+        flen[i] = n
+    return OK

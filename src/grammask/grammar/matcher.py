@@ -16,13 +16,14 @@ from .compiled import CompiledGrammar
 from .earley import OK, REJECT
 from .kstruct import kstruct
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
-                   jump_forward, walk_stack)
+                   forced_after, jump_forward, walk_stack)
 from .utf8 import utf8_prefix
 
 _fill_mask = FastCall(fill_mask)
 _fill_mask_cached = FastCall(fill_mask_cached)
 _advance_bytes = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
+_forced_after = FastCall(forced_after)
 _FILL_ERROR = "internal error: the mask kernel did not settle"
 _INT32 = np.dtype(np.int32)
 
@@ -282,6 +283,24 @@ class GrammarMatcher:
         buf = np.zeros(max_bytes, np.uint8)
         st, n = self._call(jump_forward, self._s, self._h, self._lex_len, tail=(buf, self._ok))
         return bytes(buf[:n])
+
+    def forced_after_tokens(self, ids: np.ndarray, max_bytes: int = 32) -> tuple[np.ndarray, np.ndarray]:
+        """For each token of ``ids`` (tokens the grammar allows now): the bytes the grammar forces
+        right after it, at most ``max_bytes`` (none where two bytes may follow or the grammar may
+        end there). Returns ``(flen, fbuf)``: token ``ids[i]`` is followed by ``fbuf[i, :flen[i]]``
+        (``flen[i] == -1``: the grammar rejects it). One compiled call for all of them
+        (:func:`.mask.forced_after`); the state is unchanged."""
+        ids = np.asarray(ids, np.int64)
+        n = ids.shape[0]
+        flen = np.zeros(n, np.int64)
+        fbuf = np.zeros((n, max_bytes), np.uint8)
+        if self._terminated or n == 0:
+            flen[:] = -1
+            return flen, fbuf
+        self._sync()
+        data, off = self.compiled.token_bytes_flat()
+        self._call(_forced_after, self._s, self._h, self._lex_len, tail=(ids, data, off, self._ok, flen, fbuf))
+        return flen, fbuf
 
     def find_jump_forward_string(self) -> str:
         """The forced text from here, cut to whole UTF-8 characters (xgrammar's API)."""
