@@ -842,7 +842,7 @@ def test_logits_processor_follows_response_format_canonical(small):
         GrammarLogitsProcessor(rf, spm)
 
 
-# ---------------------------------------------------------------------------------------------- forced text after a candidate
+# ------------------------------------------------------------------------------ forced text after a candidate
 _FORCED_SCHEMA = {"type": "object", "properties": {
     "rewardCreated": {"type": ["null", "boolean"]}, "rewardX": {"type": ["null", "integer"]},
     "tags": {"type": "array", "items": {"enum": ["alpha", "beta"]}, "maxItems": 2}},
@@ -850,10 +850,11 @@ _FORCED_SCHEMA = {"type": "object", "properties": {
 
 
 def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
-    """The forced text after every candidate of a mask (:meth:`GrammarMatcher.forced_after_tokens`,
-    the grammar side of a dead-end check on wide masks: ``n`` when ``null`` is then forced), from one compiled call, against the
-    matcher's own jump-forward after accepting that candidate (Llama-3, a schema with forced keys
-    and literals; whitespace allowed, so some masks are wide). Where the lexer alone may read two
+    """The forced text after every candidate of a mask (:meth:`GrammarMatcher.forced_after_tokens`:
+    the grammar side of a dead-end check on wide masks, ``n`` when ``null`` is then forced), from
+    one compiled call, against the matcher's own jump-forward after accepting that candidate
+    (Llama-3, a schema with forced keys and literals; whitespace allowed, so some masks are
+    wide). Where the lexer alone may read two
     bytes after a candidate the call reports none, and a transition not built yet counts as one
     it may read: its answer is then a prefix of the jump-forward's, never other text."""
     info, tok, encode = _llama()
