@@ -2,6 +2,7 @@
 MaskBench sample (Llama-3), counting walks that reach an empty mask.
 
     python benchmarks/canonical_dead_ends.py [DATA_DIR] [--every 200] [--walks 4] [--max-len 200]
+        [--forced-after-words N]
 
 Each walk starts a ``GrammarMatcher(compiled, canonical=True)`` on a schema of the sample and takes
 tokens from its mask at random (a stop token 30% of the time when allowed, a token of at most two
@@ -10,6 +11,8 @@ mask: a *dead end*, a token allowed earlier that no canonical continuation the g
 follow. Finished walks are decoded and re-encoded by ``tokenizers`` (the oracle): a walk whose ids
 differ is non-canonical. For each dead end the last tokens, the grammar's forced text there and the
 size of the plain mask are printed, so the classes of dead ends can be read off.
+``--forced-after-words N`` sets :attr:`.CanonicalState.forced_after_words`, the widest mask (in
+non-zero words) whose candidates are judged along the text the grammar forces after them (0: none).
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from common import DEFAULT_MASKBENCH, command_line, llama3_tokenizer_path  # noq
 
 import maskbench as mb  # noqa: E402
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo  # noqa: E402
-from grammask.grammar.canonical import CanonicalTokenizer  # noqa: E402
+from grammask.grammar.canonical import CanonicalState, CanonicalTokenizer  # noqa: E402
 
 
 def main():
@@ -37,7 +40,10 @@ def main():
     ap.add_argument("--walks", type=int, default=4)
     ap.add_argument("--max-len", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--forced-after-words", type=int, default=None)
     a = ap.parse_args()
+    if a.forced_after_words is not None:
+        CanonicalState.forced_after_words = a.forced_after_words
     from tokenizers import Tokenizer
 
     info = TokenizerInfo.from_huggingface(llama3_tokenizer_path())

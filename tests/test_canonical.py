@@ -864,7 +864,7 @@ def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
     equal = forced = 0
     for t in encode(doc):
         cand = _allowed(m, info.vocab_size)
-        flen, fbuf = m.forced_after_tokens(cand, 24)
+        flen, fbuf, nxt = m.forced_after_tokens(cand, 24)
         for i, c in enumerate(cand.tolist()):
             f = m.fork()
             assert f.accept_token(c)
@@ -877,3 +877,51 @@ def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
         assert m.accept_token(t)
     print("forced", forced, "found whole", equal)
     assert forced > 20 and equal >= 0.9 * forced
+
+
+@pytest.mark.parametrize("rule", [True, False])
+def test_literal_starts_that_no_canonical_continuation_spells_are_dropped(monkeypatch, rule):
+    """``n`` where ``null`` is then forced (and ``null`` is one Llama-3 token), or a key's first
+    letters where BPE writes the key otherwise: allowed by the plain mask in masks far wider than
+    the lookahead's 8 tokens, and dropped by the forced-text check (``_prune_forced_after``).
+    Random walks through the canonical mask then end every time (no empty mask: compact
+    whitespace keeps the whitespace dead ends out) and re-encode to themselves; with the check
+    off, some walks die. The canonical tokenization of valid documents still passes. The check
+    runs on masks of every width here (by default only on narrow ones, for its cost: a JSON
+    value's first token is a mask of ~1,000 words)."""
+    from grammask.grammar.canonical import CanonicalState
+
+    monkeypatch.setattr(CanonicalState, "forced_after_words", 4096)
+    if not rule:
+        monkeypatch.setattr(CanonicalState, "_prune_forced_after", lambda self, m, words, checked: None)
+    info, tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    compiled = GrammarCompiler(info).compile_json_schema(_FORCED_SCHEMA, whitespace="compact")
+    m = GrammarMatcher(compiled, canonical=ct)
+    assert m.accept_string('{"rewardCreated":')
+    allowed = set(_allowed(m, info.vocab_size).tolist())
+    n, null = encode("n")[0], encode("null")[0]
+    assert null in allowed
+    assert (n in allowed) is not rule
+    done, bad, dead = _walks(info, compiled, encode, ct, 40, seed=5)
+    assert bad == 0
+    if rule:
+        assert dead == 0 and done >= 10, (done, dead)
+        docs = [json.dumps({"rewardCreated": v, "rewardX": x, "tags": tags}, separators=(",", ":"))
+                for v in (None, True, False) for x in (None, 0, 12345) for tags in ([], ["beta", "alpha"])]
+        _accepts_canonical(info, compiled, encode, ct, docs)
+        # whitespace allowed: after a key the forced text is only its quote, and the token that
+        # spells it runs past its end ('":' among the ~1,500 tokens starting with '"')
+        flexible = GrammarCompiler(info).compile_json_schema(_FORCED_SCHEMA)
+        _accepts_canonical(info, flexible, encode, ct, [json.dumps(json.loads(d)) for d in docs])
+    else:
+        assert dead > 0
+
+
+def test_prefix_range_matches_a_scan(small):
+    info, _tok, _enc = small
+    ct = canonical_tokenizer(info)
+    keys, ids = ct._sorted_tokens
+    for prefix in [b"a", b"th", b" ", b"\xff", b"zz", b"", b"\x00", b"e"]:
+        lo, hi = ct.prefix_range(prefix)
+        assert [k for k in keys if k.startswith(prefix)] == keys[lo:hi], prefix

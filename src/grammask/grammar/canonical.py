@@ -161,6 +161,9 @@ class CanonicalTokenizer:
         self._cuts: dict = {}           # region key -> index of the junction to cut at (-1: none)
         self._conflicts: OrderedDict = OrderedDict()
         self._regions: dict = {}        # (tokens, pair bits, pending) -> (region key, junction tokens)
+        #: (region key, last, pending, candidate, forced text after it) -> viable along it
+        #: (CanonicalState._prune_forced_after; verdicts that did not ask the grammar)
+        self._forced_verdicts: dict = {}
         self.max_cached_regions = 4096
         self.max_cached_conflicts = 2048
         self.stats = {"region_misses": 0, "region_hits": 0, "conflict_misses": 0, "conflict_hits": 0}
@@ -451,9 +454,15 @@ class CanonicalTokenizer:
         reach = np.flatnonzero(self.bpe.reach[: self.vocab_size]).tolist()
         #: bytes -> id of the tokens that may occur in a canonical sequence
         self.token_of_bytes = tob = {tb[t]: t for t in reach if tb[t]}
+        self.max_token_len = max((len(b) for b in tob), default=0)
         # (token bytes in increasing order, their ids): tokens_starting_with
         keys = sorted(tob)
         self._sorted_tokens = (keys, [tob[k] for k in keys])
+        self._sorted_ids = np.array(self._sorted_tokens[1], np.int64)
+        self.token_len = np.array([len(b) for b in tb[: self.vocab_size]], np.int64)
+        off = np.zeros(self.vocab_size + 1, np.int64)
+        np.cumsum(self.token_len, out=off[1:])
+        self._flat = (np.frombuffer(b"".join(tb[: self.vocab_size]), np.uint8), off)
         # (first byte of each token, -1 for none; per byte, the bitmask of the tokens starting with it)
         first = np.array([b[0] if b else -1 for b in tb[: self.vocab_size]], np.int16)
         ids = np.flatnonzero(first >= 0)
@@ -466,6 +475,17 @@ class CanonicalTokenizer:
         """Do all the tokens of the (non-empty) mask ``words`` start with one byte?"""
         first, fw = self._first_bytes
         return bool(_one_first_byte(words, first, fw))
+
+    def prefix_range(self, prefix: bytes) -> tuple[int, int]:
+        """Where the tokens whose bytes start with ``prefix`` (itself included) lie in
+        ``_sorted_tokens`` (byte order)."""
+        import bisect
+
+        keys = self._sorted_tokens[0]
+        lo = bisect.bisect_left(keys, prefix)
+        up = prefix.rstrip(b"\xff")
+        hi = len(keys) if not up else bisect.bisect_left(keys, up[:-1] + bytes([up[-1] + 1]))
+        return lo, hi
 
     def tokens_starting_with(self, prefix: bytes, limit: int) -> list:
         """Up to ``limit`` ids of tokens whose bytes start with ``prefix`` and are longer."""
@@ -804,9 +824,11 @@ class CanonicalState:
 
         1. Forced text ``F`` (the grammar's jump-forward bytes from here): a candidate that is a
            proper prefix of ``F`` must be followed by tokens spelling the rest of ``F`` (or a token
-           running past its end), each canonical after the previous one: a search along ``F`` on
-           the tokenizer side only (memoised per call; no grammar call).
-        2. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
+           running past its end), each canonical after the previous one: a search along ``F``
+           (memoised per call; the grammar is asked only about a token running past the end).
+        2. On masks of at most ``forced_after_words`` non-zero words, the same search along the
+           text the grammar forces after each candidate (:meth:`_prune_forced_after`).
+        3. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
            canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
            at most; a branch reaching a wider mask, the depth or the budget counts as viable.
         A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
@@ -815,12 +837,14 @@ class CanonicalState:
         # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
         # then every candidate starts with them: a wide mask has none (skip the forced-text call);
         # a mask over more than 512 words has neither that nor a candidate list to search
-        if np.count_nonzero(words) > 512:
+        nz = np.count_nonzero(words)
+        if nz > 512 and nz > self.forced_after_words:
             return
         # two forced bytes or more: every allowed token starts with the first (a stop token, or
         # two first bytes, and nothing is forced)
-        forced = matcher.find_jump_forward_bytes(256) if self.ct.one_first_byte(words) else b""
+        forced = matcher.find_jump_forward_bytes(256) if nz <= 512 and self.ct.one_first_byte(words) else b""
         checked = set()
+        self._after_masks = {}
         if forced:
             ct = self.ct
             memo: dict = {}
@@ -832,6 +856,7 @@ class CanonicalState:
                     continue
                 checked.add(t)
                 self.push(t)
+                self._commit_at = len(self._hist)
                 try:
                     ok = self._forced_viable(forced, k, memo)
                 finally:
@@ -839,6 +864,10 @@ class CanonicalState:
                 if not ok:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
             self._fork = self._matcher = None
+        if nz <= self.forced_after_words:
+            self._prune_forced_after(matcher, words, checked)
+        if nz > self.lookahead_limit:    # more words than tokens the search may take
+            return
         cand = _ids_of(words, self.lookahead_limit)
         if cand is None or len(cand) == 0 or len(cand) > self.lookahead_limit:
             return
@@ -855,8 +884,75 @@ class CanonicalState:
         finally:
             self._in_lookahead = False
 
-    #: at most this many tokens running past the end of the forced text are tried per position
-    forced_overrun_tries = 256
+    #: the bytes that may follow the forced text being searched (:meth:`_prune_forced_after`)
+    _next_after = None
+    #: :meth:`_prune_forced_after` runs on masks of at most this many non-zero words (a JSON
+    #: value's first token, ~1,400 tokens, is a mask of ~1,000 words; docs/fast-forward.md)
+    forced_after_words = 16
+    #: and looks this far into the text the grammar forces after a candidate
+    forced_after_bytes = 24
+    #: lexer states whose candidates without forced text are kept, per lexer (16 KB each on a
+    #: 128k vocabulary)
+    max_skip_states = 1024
+
+    def _prune_forced_after(self, matcher, words: np.ndarray, checked: set) -> None:
+        """Drop a candidate after which the grammar forces text that no canonical continuation
+        spells: ``n`` where ``null`` is the only value left and ``null`` is one token (or merges
+        with what came before), a key's first letters where the rest of the key is forced and
+        BPE writes the whole key otherwise. Wide masks hold such candidates too (``n`` among the
+        ~1,400 tokens a JSON value may begin with), so the forced text after every candidate comes
+        from one compiled call (:meth:`.GrammarMatcher.forced_after_words`: most candidates stop
+        at once, two bytes being readable after them); each candidate followed by forced text
+        then gets the search along it of :meth:`_forced_viable` (the tokens spelling it, each
+        canonical after the previous one, the last one possibly running past its end)."""
+        lexer, ls = matcher.lexer_state
+        store = lexer.__dict__.get("_forced_skip")
+        if store is None:
+            store = lexer._forced_skip = {}
+        skip = store.get(ls)
+        if skip is None:
+            if len(store) >= self.max_skip_states:
+                store.clear()
+            skip = store[ls] = np.zeros(words.shape[0], np.uint32)
+        hit, flen, fbuf, nxt = matcher.forced_after_words(words, self.forced_after_bytes, skip)
+        if len(hit) == 0:
+            return
+        tb = self.ct.info.token_bytes
+        memo = self.ct._forced_verdicts
+        here = (self._region(), self.last, self.pending)
+        self._fork = None
+        self._matcher = matcher
+        try:
+            for i, t in enumerate(hit.tolist()):
+                b = tb[t]
+                n = int(flen[i])
+                # text cut at the limit: its end is unknown (kept)
+                if n <= 0 or not b or t in checked or n >= fbuf.shape[1]:
+                    continue
+                checked.add(t)
+                tail = fbuf[i, :n].tobytes()
+                # the verdict is the tokenizer's alone (given the bytes that may follow the forced
+                # text) unless the grammar was asked about a token running past it: memoised per
+                # tokenizer then
+                self._next_after = nxt[i]
+                key = (here, t, tail, nxt[i].tobytes())
+                ok = memo.get(key)
+                if ok is None:
+                    self._asked = False
+                    self.push(t)
+                    self._commit_at = len(self._hist)
+                    try:
+                        ok = self._forced_viable(b + tail, len(b), {})
+                    finally:
+                        self.pop()
+                    if not self._asked:
+                        if len(memo) > 100_000:
+                            memo.clear()
+                        memo[key] = ok
+                if not ok:
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+        finally:
+            self._fork = self._matcher = self._next_after = None
 
     def _grammar_takes(self, data: bytes) -> bool:
         """Does the grammar accept ``data`` from the state the lookahead started in?"""
@@ -874,13 +970,17 @@ class CanonicalState:
         rest = forced[pos:]
         if not rest:
             return True
+        if len(self.tokens) <= len(self._hist) - self._commit_at:
+            # the candidate left the open region: a boundary after it that no text can move, so
+            # it stays canonical whatever follows (the rest has a canonical tokenization of its own)
+            return True
         key = (self._region(), self.last, self.pending, len(rest))
         hit = memo.get(key)
         if hit is not None:
             return hit
         ct = self.ct
         res = False
-        for k in range(1, len(rest) + 1):
+        for k in range(1, min(len(rest), ct.max_token_len) + 1):
             r = ct.token_of_bytes.get(rest[:k])
             if r is None or not self.allows(r):
                 continue
@@ -892,13 +992,56 @@ class CanonicalState:
             if res:
                 break
         if not res:
-            tb = ct.info.token_bytes
-            for r in ct.tokens_starting_with(rest, self.forced_overrun_tries):
-                if self.allows(r) and self._grammar_takes(forced[:pos] + tb[r]):
-                    res = True
-                    break
+            res = self._overrun_viable(forced, pos)
         memo[key] = res
         return res
+
+    def _overrun_viable(self, forced: bytes, pos: int) -> bool:
+        """Is there a token running past the end of the forced text, from ``pos``, that is
+        canonical after the tokens pushed and that the grammar takes? The canonical condition
+        first, on the tokens starting with the rest's first byte at once (:meth:`allowed_words`);
+        the grammar is asked only about the few left (``self._asked`` is set then: the answer
+        depends on the grammar, not on the tokenizer alone)."""
+        ct = self.ct
+        tb = ct.info.token_bytes
+        rest = forced[pos:]
+        words = ct._first_bytes[1][rest[0]].copy()
+        self.allowed_words(words)
+        n = len(rest)
+        if n == 1:      # every token of the mask starts with the rest: the longer ones
+            ids = _ids_of(words, words.shape[0])
+            ids = ids[ct.token_len[ids] > 1]
+        else:
+            lo, hi = ct.prefix_range(rest)
+            ids = ct._sorted_ids[lo:hi]
+            ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool) & (ct.token_len[ids] > n)]
+        nb = self._next_after
+        if nb is not None and len(ids):     # their byte past the forced text: one the grammar allows
+            data, off = ct._flat
+            byte = data[off[ids] + n].astype(np.int64)
+            ids = ids[((nb[byte >> 5] >> (byte & 31).astype(np.uint32)) & 1).astype(bool)]
+        if len(ids) == 0:
+            return False
+        self._asked = True
+        if len(ids) <= 8:
+            return any(self._grammar_takes(forced[:pos] + tb[r]) for r in ids.tolist())
+        # many (tokens starting with '"'): the grammar's own mask after the prefix, once
+        g = self._grammar_words_after(forced[:pos])
+        return bool(((g[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).any())
+
+    def _grammar_words_after(self, data: bytes) -> np.ndarray:
+        """The grammar's plain mask after ``data`` from the state the lookahead started in
+        (memoised per lookahead: the candidates of one mask share prefixes of their text)."""
+        memo = self._after_masks
+        hit = memo.get(data)
+        if hit is None:
+            f = self._matcher.fork()
+            f._canon = None
+            hit = np.zeros(self.ct.n_words, np.uint32)
+            if f.accept_string(data):
+                f.fill_words(hit)
+            memo[data] = hit
+        return hit
 
     def _viable_after(self, matcher, t: int, depth: int, n_words: int, stops) -> bool:
         if not matcher.accept_token(t):

@@ -634,46 +634,151 @@ def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
 
 
 @njit(nogil=True, cache=True)
-def forced_after(s, h, lex_len, G, L, P, M, ids, data, off, ok, flen, fbuf):
-    """For each candidate token ``ids[i]`` (bytes ``data[off[t]:off[t + 1]]``) read from (s, h): the
-    bytes the grammar forces right after it (:func:`jump_forward` from there, at most
-    ``fbuf.shape[1]``) into ``fbuf[i]``, their count into ``flen[i]`` (-1: the grammar rejects the
-    candidate). Rows above ``h`` are scratch, so every candidate starts from the same parser
-    state. Returns a status (OK, or what the driver must build before calling again)."""
-    # the rows a candidate built stay valid for the next one where their keys match (as in the
-    # trie walk): a row is a function of the rows below it and its key
+def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order, ok, cand, out_n, hit, flen,
+                 fbuf, nxt):
+    """The bytes the grammar forces right after each candidate token read from (s, h): the
+    candidates are the set bits of ``words`` not set in ``skip`` (token ``t``'s bytes being
+    ``data[off[t]:off[t + 1]]``). A candidate after which something is forced (as
+    :func:`jump_forward` from there, at most ``fbuf.shape[1]`` bytes) or that the grammar rejects
+    is a hit: hit ``j`` is token ``hit[j]``, its forced bytes ``fbuf[j, :flen[j]]`` (``flen[j]``
+    -1: rejected) and the bytes that may follow them as bits in ``nxt[j]`` (8 words);
+    ``out_n[0]`` counts the hits, ``out_n[1]`` is set when there were more than the arrays hold.
+    A candidate read by lexer moves alone, after which the lexer alone reads two bytes, has no
+    forced text from any parser state over lexer state ``s``: its bit is set in ``skip`` (a fact
+    of ``s``, kept by the caller). Rows above ``h`` are scratch, so every candidate starts from
+    the same parser state. ``cand`` is scratch (one entry per token). Returns a status (OK, or
+    what the driver must build before calling again)."""
+    n = 0
+    for w in range(words.shape[0]):
+        v = words[w] & ~skip[w]
+        if v:
+            for k in range(32):
+                if (v >> np.uint32(k)) & np.uint32(1):
+                    cand[n] = w * 32 + k
+                    n += 1
+    out_n[0] = 0
+    out_n[1] = 0
+    if n == 0:
+        return OK
+    # candidates in byte order share their common prefix with the one before: the states along
+    # the previous one's bytes are kept (rows below a state's height are never rebuilt by the
+    # steps after it; the rows a candidate built stay valid for the next one where their keys
+    # match, as in the trie walk: a row is a function of the rows below it and its key)
+    rk = np.empty(n, np.int64)
+    longest = 0
+    for i in range(n):
+        rk[i] = rank[cand[i]]
+        longest = max(longest, off[cand[i] + 1] - off[cand[i]])
+    byrank = np.argsort(rk)
+    ps = np.empty(longest + 1, np.int64)
+    ph = np.empty(longest + 1, np.int64)
+    ps[0] = s
+    ph[0] = h
     cache_top = row_top(P, h)
-    for i in range(ids.shape[0]):
-        t = ids[i]
-        cs = s
-        ch = h
+    prev = -1
+    prev_ok = 0         # states known along the previous candidate's bytes, ps[0..prev_ok]
+    nh = 0
+    # a state not built yet is recorded and its candidate passed over: the driver builds all of
+    # them and calls again (once or twice, not once per state)
+    incomplete = False
+    for i in range(n):
+        t = cand[byrank[i]]
+        a = off[t]
+        ln = off[t + 1] - a
+        d = 0
+        if prev >= 0:
+            pa = off[prev]
+            lim = min(ln, prev_ok, off[prev + 1] - pa)
+            while d < lim and data[a + d] == data[pa + d]:
+                d += 1
+        cs = ps[d]
+        ch = ph[d]
+        if d:
+            cache_top = min(cache_top, ch)
         rejected = False
-        for j in range(off[t], off[t + 1]):
-            st, cs, ch, cache_top = step_slow(data[j], cs, ch, cache_top, G, L, P, M)
+        missing = False
+        k = d
+        while k < ln:
+            st, cs, ch, cache_top = step_slow(data[a + k], cs, ch, cache_top, G, L, P, M)
             if st == REJECT:
                 rejected = True
                 break
+            if st == MISSING:       # recorded: the next candidates go on, the call is repeated
+                missing = True
+                break
             if st != OK:
                 return st
-        if rejected:
-            flen[i] = -1
+            k += 1
+            ps[k] = cs
+            ph[k] = ch
+        prev = t
+        prev_ok = k
+        if missing:
+            incomplete = True
             continue
-        # two bytes the lexer alone can read next: nothing is forced (most candidates; whitespace,
-        # digits and letters first, so the scan usually stops at once)
-        live = 0
-        base = cs * 256
-        for k in range(256):
-            b = (k + 32) & 255
-            if L.trans[base + b] != -1:
-                live += 1
-                if live == 2:
+        if not rejected:
+            # two bytes the lexer alone can read next: nothing is forced (most candidates; the
+            # bytes in ``order``, whitespace, quote, digits and letters first, so the scan usually
+            # stops after a few). A row not expanded yet is expanded first
+            live = 0
+            base = cs * 256
+            for k in range(256):
+                x = L.trans[base + order[k]]
+                if x == -2:
+                    _record_state(M, cs)
+                    missing = True
                     break
-        if live == 2:
-            flen[i] = 0
+                if x != -1:
+                    live += 1
+                    if live == 2:
+                        break
+            if missing:
+                incomplete = True
+                continue
+            if live == 2:
+                if ch == h:
+                    skip[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+                continue
+        if nh == flen.shape[0]:
+            out_n[1] = 1
             continue
-        st, n = jump_forward(cs, ch, lex_len + off[t + 1] - off[t], G, L, P, M, fbuf[i], ok)
-        cache_top = min(cache_top, ch)   # jump_forward rebuilt the rows from ch up
-        if st != OK:
-            return st
-        flen[i] = n
-    return OK
+        if rejected:
+            flen[nh] = -1
+        else:
+            # jump_forward's loop, keeping the state it ends in
+            cache_top = min(cache_top, ch)   # the loop rebuilds the rows from ch up
+            ll = lex_len + ln
+            m = 0
+            while True:
+                st, e = can_end(cs, ch, ll, G, L, P, M)
+                if st != OK:
+                    return st
+                st = allowed_bytes(cs, ch, G, L, P, M, ok)
+                if st != OK:
+                    return st
+                only = -1
+                cnt = 0
+                for b in range(256):
+                    if ok[b]:
+                        cnt += 1
+                        only = b
+                if e or cnt != 1 or m == fbuf.shape[1]:
+                    break
+                st, cs, ch, _ct = step_slow(only, cs, ch, ch, G, L, P, M)
+                if st != OK:
+                    return st
+                fbuf[nh, m] = only
+                m += 1
+                ll += 1
+            if m == 0:
+                continue
+            flen[nh] = m
+            for w in range(8):
+                nxt[nh, w] = 0
+            for b in range(256):
+                if ok[b]:
+                    nxt[nh, b >> 5] |= np.uint32(1) << np.uint32(b & 31)
+        hit[nh] = t
+        nh += 1
+        out_n[0] = nh
+    return MISSING if incomplete else OK

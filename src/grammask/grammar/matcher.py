@@ -24,6 +24,9 @@ _fill_mask_cached = FastCall(fill_mask_cached)
 _advance_bytes = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
 _forced_after = FastCall(forced_after)
+#: the order forced_after scans a lexer row in: the bytes a JSON or text state most often reads
+_FIRST = [32, 9, 10, 13, 34, 44, 58, 46, 45, *range(48, 58), *range(97, 123), *range(65, 91)]
+_SCAN_ORDER = np.array(_FIRST + [b for b in range(256) if b not in _FIRST], np.int64)
 _FILL_ERROR = "internal error: the mask kernel did not settle"
 _INT32 = np.dtype(np.int32)
 
@@ -94,6 +97,7 @@ class GrammarMatcher:
                                         np.empty_like(w.stack)))
         new._out = self._out.copy()
         new._ok = self._ok.copy()
+        new.__dict__.pop("_fa_cand", None)     # forced_after_words' scratch: a fork may run in another thread
         new._history = deque(self._history, maxlen=self._history.maxlen)
         if self._canon is not None:
             new._canon = self._canon.copy()
@@ -284,23 +288,67 @@ class GrammarMatcher:
         st, n = self._call(jump_forward, self._s, self._h, self._lex_len, tail=(buf, self._ok))
         return bytes(buf[:n])
 
-    def forced_after_tokens(self, ids: np.ndarray, max_bytes: int = 32) -> tuple[np.ndarray, np.ndarray]:
+    def forced_after_tokens(self, ids: np.ndarray, max_bytes: int = 32):
         """For each token of ``ids`` (tokens the grammar allows now): the bytes the grammar forces
         right after it, at most ``max_bytes`` (none where two bytes may follow or the grammar may
-        end there). Returns ``(flen, fbuf)``: token ``ids[i]`` is followed by ``fbuf[i, :flen[i]]``
-        (``flen[i] == -1``: the grammar rejects it). One compiled call for all of them
-        (:func:`.mask.forced_after`); the state is unchanged."""
+        end there). Returns ``(flen, fbuf, nxt)``: token ``ids[i]`` is followed by
+        ``fbuf[i, :flen[i]]`` (``flen[i] == -1``: the grammar rejects it), and where that is not
+        empty, by one of the bytes whose bits ``nxt[i]`` (8 words) sets (:meth:`forced_after_words`);
+        the state is unchanged."""
         ids = np.asarray(ids, np.int64)
         n = ids.shape[0]
         flen = np.zeros(n, np.int64)
         fbuf = np.zeros((n, max_bytes), np.uint8)
+        nxt = np.zeros((n, 8), np.uint32)
         if self._terminated or n == 0:
             flen[:] = -1
-            return flen, fbuf
+            return flen, fbuf, nxt
+        words = np.zeros((self.vocab_size + 31) // 32, np.uint32)
+        np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+        hit, hl, hb, hn = self.forced_after_words(words, max_bytes)
+        where = {t: i for i, t in enumerate(ids.tolist())}
+        for j, t in enumerate(hit.tolist()):
+            i = where[t]
+            flen[i], fbuf[i], nxt[i] = hl[j], hb[j], hn[j]
+        return flen, fbuf, nxt
+
+    def forced_after_words(self, words: np.ndarray, max_bytes: int = 32, skip: np.ndarray | None = None):
+        """The tokens of ``words`` (allowed now) after which the grammar forces text: returns
+        ``(hit, flen, fbuf, nxt)``, token ``hit[j]`` being followed by ``fbuf[j, :flen[j]]`` (at most
+        ``max_bytes``; -1: the grammar rejects it) and then by one of the bytes whose bits
+        ``nxt[j]`` (8 words) sets. The tokens whose bits ``skip`` sets are not read; a token read
+        by lexer moves alone, after which the lexer alone reads two bytes, is added to ``skip``
+        (it has no forced text from any parser state over the same lexer state: the caller may
+        keep ``skip`` per :attr:`lexer_state`). One compiled call (:func:`.mask.forced_after`);
+        the state is unchanged."""
         self._sync()
-        data, off = self.compiled.token_bytes_flat()
-        self._call(_forced_after, self._s, self._h, self._lex_len, tail=(ids, data, off, self._ok, flen, fbuf))
-        return flen, fbuf
+        nw = words.shape[0]
+        if skip is None:
+            skip = np.zeros(nw, np.uint32)
+        data, off, rank = self.compiled.token_bytes_flat()
+        cand = self.__dict__.get("_fa_cand")
+        if cand is None or cand.shape[0] < nw * 32:
+            cand = self._fa_cand = np.empty(nw * 32, np.int64)     # scratch, one entry per token
+        cap = 256
+        while True:
+            out_n = np.zeros(2, np.int64)
+            hit = np.empty(cap, np.int64)
+            flen = np.zeros(cap, np.int64)
+            fbuf = np.zeros((cap, max_bytes), np.uint8)
+            nxt = np.zeros((cap, 8), np.uint32)
+            self._call(_forced_after, self._s, self._h, self._lex_len,
+                       tail=(words, skip, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n, hit, flen, fbuf, nxt))
+            if not out_n[1]:
+                k = int(out_n[0])
+                return hit[:k], flen[:k], fbuf[:k], nxt[:k]
+            cap *= 4
+
+    @property
+    def lexer_state(self) -> tuple:
+        """The lexer the matcher is in and its state there (what :meth:`forced_after_words`'
+        ``skip`` is a fact of)."""
+        self._sync()
+        return self._lexer, self._s
 
     def find_jump_forward_string(self) -> str:
         """The forced text from here, cut to whole UTF-8 characters (xgrammar's API)."""
