@@ -162,7 +162,7 @@ class CanonicalTokenizer:
         self._conflicts: OrderedDict = OrderedDict()
         self._regions: dict = {}        # (tokens, pair bits, pending) -> (region key, junction tokens)
         #: (region key, last, pending, candidate, forced text after it) -> viable along it
-        #: (CanonicalState._prune_forced_after; verdicts that did not ask the grammar)
+        #: (CanonicalState.prune_dead_ends, _prune_forced_after: verdicts that did not ask the grammar)
         self._forced_verdicts: dict = {}
         self.max_cached_regions = 4096
         self.max_cached_conflicts = 2048
@@ -848,19 +848,33 @@ class CanonicalState:
         if forced:
             ct = self.ct
             memo: dict = {}
+            verdicts = ct._forced_verdicts
+            here = None
             self._fork = None
             self._matcher = matcher
+            # verdicts that asked the grammar nothing are the tokenizer's alone: kept per tokenizer
+            # (``memo`` is shared by the candidates, so none is kept once one asked)
+            self._asked = False
             for k in range(1, len(forced)):
                 t = ct.token_of_bytes.get(forced[:k])
                 if t is None or not (words[t >> 5] >> np.uint32(t & 31)) & 1:
                     continue
                 checked.add(t)
-                self.push(t)
-                self._commit_at = len(self._hist)
-                try:
-                    ok = self._forced_viable(forced, k, memo)
-                finally:
-                    self.pop()
+                if here is None:
+                    here = (self._region(), self.last, self.pending)
+                key = (here, t, forced)
+                ok = verdicts.get(key)
+                if ok is None:
+                    self.push(t)
+                    self._commit_at = len(self._hist)
+                    try:
+                        ok = self._forced_viable(forced, k, memo)
+                    finally:
+                        self.pop()
+                    if not self._asked:
+                        if len(verdicts) > 100_000:
+                            verdicts.clear()
+                        verdicts[key] = ok
                 if not ok:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
             self._fork = self._matcher = None

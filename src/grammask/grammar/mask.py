@@ -750,6 +750,28 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order,
             ll = lex_len + ln
             m = 0
             while True:
+                if m < fbuf.shape[1] and L.state_acc[cs] < 0:
+                    # inside a lexeme that cannot end here (``ull`` after ``n``): one lexer move
+                    # is the only byte, no parser question
+                    only = -1
+                    cnt = 0
+                    base = cs * 256
+                    for b in range(256):
+                        x = L.trans[base + b]
+                        if x == -2:
+                            cnt = 2
+                            break
+                        if x != -1:
+                            cnt += 1
+                            only = b
+                            if cnt == 2:
+                                break
+                    if cnt == 1:
+                        cs = L.trans[base + only]
+                        fbuf[nh, m] = only
+                        m += 1
+                        ll += 1
+                        continue
                 st, e = can_end(cs, ch, ll, G, L, P, M)
                 if st != OK:
                     return st
