@@ -880,7 +880,9 @@ class CanonicalState:
             self._fork = self._matcher = None
         if nz <= self.forced_after_words:
             self._prune_forced_after(matcher, words, checked)
-        if nz > self.lookahead_limit:    # more words than tokens the search may take
+        # more words than tokens the search may take (counted again: the searches above may
+        # have dropped some)
+        if nz > self.lookahead_limit and np.count_nonzero(words) > self.lookahead_limit:
             return
         cand = _ids_of(words, self.lookahead_limit)
         if cand is None or len(cand) == 0 or len(cand) > self.lookahead_limit:
