@@ -865,16 +865,7 @@ class CanonicalState:
                 key = (here, t, forced)
                 ok = verdicts.get(key)
                 if ok is None:
-                    self.push(t)
-                    self._commit_at = len(self._hist)
-                    try:
-                        ok = self._forced_viable(forced, k, memo)
-                    finally:
-                        self.pop()
-                    if not self._asked:
-                        if len(verdicts) > 100_000:
-                            verdicts.clear()
-                        verdicts[key] = ok
+                    ok = self._search_after(t, forced, k, memo, key)
                 if not ok:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
             self._fork = self._matcher = None
@@ -955,20 +946,28 @@ class CanonicalState:
                 ok = memo.get(key)
                 if ok is None:
                     self._asked = False
-                    self.push(t)
-                    self._commit_at = len(self._hist)
-                    try:
-                        ok = self._forced_viable(b + tail, len(b), {})
-                    finally:
-                        self.pop()
-                    if not self._asked:
-                        if len(memo) > 100_000:
-                            memo.clear()
-                        memo[key] = ok
+                    ok = self._search_after(t, b + tail, len(b), {}, key)
                 if not ok:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
         finally:
             self._fork = self._matcher = self._next_after = None
+
+    def _search_after(self, t: int, forced: bytes, pos: int, memo: dict, key) -> bool:
+        """:meth:`_forced_viable` after ``t`` (which spells ``forced[:pos]``, the rest being forced);
+        the verdict is kept per tokenizer under ``key`` unless the grammar was asked since
+        ``self._asked`` was last cleared."""
+        self.push(t)
+        self._commit_at = len(self._hist)
+        try:
+            ok = self._forced_viable(forced, pos, memo)
+        finally:
+            self.pop()
+        if not self._asked:
+            verdicts = self.ct._forced_verdicts
+            if len(verdicts) > 100_000:
+                verdicts.clear()
+            verdicts[key] = ok
+        return ok
 
     def _grammar_takes(self, data: bytes) -> bool:
         """Does the grammar accept ``data`` from the state the lookahead started in?"""

@@ -602,6 +602,20 @@ def allowed_bytes(s, h, G, L, P, M, out):
     return MISSING if incomplete else OK
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _only_byte(ok):
+    """(how many bytes ``ok`` allows, capped at 2; the last one of them)."""
+    only = -1
+    cnt = 0
+    for b in range(256):
+        if ok[b]:
+            cnt += 1
+            only = b
+            if cnt == 2:
+                break
+    return cnt, only
+
+
 @njit(nogil=True, cache=True)
 def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
     """Bytes forced from (s, h): while exactly one byte is possible and the grammar cannot end.
@@ -616,12 +630,7 @@ def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
         st = allowed_bytes(s, h, G, L, P, M, ok)
         if st != OK:
             return st, n
-        only = -1
-        cnt = 0
-        for b in range(256):
-            if ok[b]:
-                cnt += 1
-                only = b
+        cnt, only = _only_byte(ok)
         if cnt != 1:
             break
         st, s, h, _ct = step_slow(only, s, h, h, G, L, P, M)
@@ -778,12 +787,7 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order,
                 st = allowed_bytes(cs, ch, G, L, P, M, ok)
                 if st != OK:
                     return st
-                only = -1
-                cnt = 0
-                for b in range(256):
-                    if ok[b]:
-                        cnt += 1
-                        only = b
+                cnt, only = _only_byte(ok)
                 if e or cnt != 1 or m == fbuf.shape[1]:
                     break
                 st, cs, ch, _ct = step_slow(only, cs, ch, ch, G, L, P, M)
