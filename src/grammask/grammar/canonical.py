@@ -455,7 +455,7 @@ class CanonicalTokenizer:
         #: bytes -> id of the tokens that may occur in a canonical sequence
         self.token_of_bytes = tob = {tb[t]: t for t in reach if tb[t]}
         self.max_token_len = max((len(b) for b in tob), default=0)
-        # (token bytes in increasing order, their ids): tokens_starting_with
+        # (token bytes in increasing order, their ids): prefix_range
         keys = sorted(tob)
         self._sorted_tokens = (keys, [tob[k] for k in keys])
         self._sorted_ids = np.array(self._sorted_tokens[1], np.int64)
@@ -486,18 +486,6 @@ class CanonicalTokenizer:
         up = prefix.rstrip(b"\xff")
         hi = len(keys) if not up else bisect.bisect_left(keys, up[:-1] + bytes([up[-1] + 1]))
         return lo, hi
-
-    def tokens_starting_with(self, prefix: bytes, limit: int) -> list:
-        """Up to ``limit`` ids of tokens whose bytes start with ``prefix`` and are longer."""
-        import bisect
-
-        keys, ids = self._sorted_tokens
-        i = bisect.bisect_right(keys, prefix)
-        out = []
-        while i < len(keys) and keys[i].startswith(prefix) and len(out) < limit:
-            out.append(ids[i])
-            i += 1
-        return out
 
     def cached_region_words(self, key: tuple):
         return self._lru_get(self._verdicts, key, "region_hits")
