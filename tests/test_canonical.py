@@ -855,9 +855,7 @@ def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
     the grammar side of a dead-end check on wide masks, ``n`` when ``null`` is then forced), from
     one compiled call, against the matcher's own jump-forward after accepting that candidate
     (Llama-3, a schema with forced keys and literals; whitespace allowed, so some masks are
-    wide). Where the lexer alone may read two
-    bytes after a candidate the call reports none, and a transition not built yet counts as one
-    it may read: its answer is then a prefix of the jump-forward's, never other text."""
+    wide): the same text every time (the lexer states the call meets unbuilt are built first)."""
     info, tok, encode = _llama()
     compiled = GrammarCompiler(info).compile_json_schema(_FORCED_SCHEMA)
     doc = json.dumps({"rewardCreated": None, "rewardX": 12, "tags": ["beta"]})
@@ -871,13 +869,44 @@ def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
             assert f.accept_token(c)
             want = f.find_jump_forward_bytes(24)
             got = fbuf[i, : flen[i]].tobytes()
-            assert flen[i] >= 0 and want[: len(got)] == got, (info.token_bytes[c], got, want)
-            if want:
-                forced += 1
-                equal += got == want
+            assert flen[i] >= 0 and got == want, (info.token_bytes[c], got, want)
+            forced += bool(want)
         assert m.accept_token(t)
-    print("forced", forced, "found whole", equal)
-    assert forced > 20 and equal >= 0.9 * forced
+    assert forced > 20
+
+
+def test_forced_after_skip_cache_changes_nothing():
+    """:meth:`GrammarMatcher.forced_after_words` adds to ``skip`` only candidates without forced
+    text from any parser state over the same lexer state, so a ``skip`` kept per lexer state (as
+    the canonical lookahead keeps it) gives the same hits as a fresh one at every step of random
+    walks (Llama-3, literals, an enum and forced keys, whitespace allowed)."""
+    info, _tok, _encode = _llama()
+    compiled = GrammarCompiler(info).compile_json_schema(_FORCED_SCHEMA)
+    rng = random.Random(11)
+    store: dict = {}
+    tb = info.token_bytes
+    steps = skipped = 0
+    for _ in range(8):
+        m = GrammarMatcher(compiled)
+        for _ in range(80):
+            cand = _allowed(m, info.vocab_size)
+            if m.is_terminated() or len(cand) == 0:
+                break
+            words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
+            m.fill_words(words)
+            lexer, s = m.lexer_state
+            skip = store.setdefault((id(lexer), s), np.zeros_like(words))
+            skipped += int(np.unpackbits((skip & words).view(np.uint8)).sum())
+            kept = m.forced_after_words(words, 24, skip)
+            fresh = m.forced_after_words(words, 24)
+            a, b = np.argsort(kept[0]), np.argsort(fresh[0])
+            for x, y in zip(kept, fresh):
+                assert np.array_equal(x[a], y[b])
+            steps += 1
+            short = [int(c) for c in cand if 0 < len(tb[c]) <= 2]
+            t = rng.choice(short) if short and rng.random() < 0.5 else int(rng.choice(cand))
+            assert m.accept_token(t)
+    assert steps > 100 and skipped > 1000, (steps, skipped)
 
 
 @pytest.mark.parametrize("rule", [True, False])
