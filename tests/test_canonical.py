@@ -850,8 +850,8 @@ _FORCED_SCHEMA = {"type": "object", "properties": {
     "required": ["rewardCreated", "rewardX", "tags"], "additionalProperties": False}
 
 
-def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
-    """The forced text after every candidate of a mask (:meth:`GrammarMatcher.forced_after_tokens`:
+def test_forced_after_words_agrees_with_jump_forward_after_each_token():
+    """The forced text after every candidate of a mask (:meth:`GrammarMatcher.forced_after_words`:
     the grammar side of a dead-end check on wide masks, ``n`` when ``null`` is then forced), from
     one compiled call, against the matcher's own jump-forward after accepting that candidate
     (Llama-3, a schema with forced keys and literals; whitespace allowed, so some masks are
@@ -863,27 +863,29 @@ def test_forced_after_tokens_agrees_with_jump_forward_after_each_token():
     equal = forced = 0
     for t in encode(doc):
         cand = _allowed(m, info.vocab_size)
-        flen, fbuf, nxt = m.forced_after_tokens(cand, 24)
-        for i, c in enumerate(cand.tolist()):
+        words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
+        m.fill_words(words)
+        hit, hlen, hbuf, _nxt = m.forced_after_words(words, 24, cached=False)
+        found = {int(h): (int(hlen[j]), hbuf[j, : max(hlen[j], 0)].tobytes()) for j, h in enumerate(hit)}
+        for c in cand.tolist():
             f = m.fork()
             assert f.accept_token(c)
             want = f.find_jump_forward_bytes(24)
-            got = fbuf[i, : flen[i]].tobytes()
-            assert flen[i] >= 0 and got == want, (info.token_bytes[c], got, want)
+            flen, got = found.get(c, (0, b""))
+            assert flen >= 0 and got == want, (info.token_bytes[c], got, want)
             forced += bool(want)
         assert m.accept_token(t)
     assert forced > 20
 
 
 def test_forced_after_skip_cache_changes_nothing():
-    """:meth:`GrammarMatcher.forced_after_words` adds to ``skip`` only candidates without forced
-    text from any parser state over the same lexer state, so a ``skip`` kept per lexer state (as
-    the canonical lookahead keeps it) gives the same hits as a fresh one at every step of random
-    walks (Llama-3, literals, an enum and forced keys, whitespace allowed)."""
+    """:meth:`GrammarMatcher.forced_after_words` keeps per lexer state only candidates without
+    forced text from any parser state over that lexer state, so the kept ones give the same hits
+    as none kept at every step of random walks (Llama-3, literals, an enum and forced keys,
+    whitespace allowed)."""
     info, _tok, _encode = _llama()
     compiled = GrammarCompiler(info).compile_json_schema(_FORCED_SCHEMA)
     rng = random.Random(11)
-    store: dict = {}
     tb = info.token_bytes
     steps = skipped = 0
     for _ in range(8):
@@ -894,11 +896,9 @@ def test_forced_after_skip_cache_changes_nothing():
                 break
             words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
             m.fill_words(words)
-            lexer, s = m.lexer_state
-            skip = store.setdefault((id(lexer), s), np.zeros_like(words))
-            skipped += int(np.unpackbits((skip & words).view(np.uint8)).sum())
-            kept = m.forced_after_words(words, 24, skip)
-            fresh = m.forced_after_words(words, 24)
+            skipped += int(np.unpackbits((m._forced_skip() & words).view(np.uint8)).sum())
+            kept = m.forced_after_words(words, 24)
+            fresh = m.forced_after_words(words, 24, cached=False)
             a, b = np.argsort(kept[0]), np.argsort(fresh[0])
             for x, y in zip(kept, fresh):
                 assert np.array_equal(x[a], y[b])

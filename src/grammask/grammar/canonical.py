@@ -457,12 +457,9 @@ class CanonicalTokenizer:
         self.max_token_len = max((len(b) for b in tob), default=0)
         # (token bytes in increasing order, their ids): prefix_range
         keys = sorted(tob)
-        self._sorted_tokens = (keys, [tob[k] for k in keys])
-        self._sorted_ids = np.array(self._sorted_tokens[1], np.int64)
-        self.token_len = np.array([len(b) for b in tb[: self.vocab_size]], np.int64)
-        off = np.zeros(self.vocab_size + 1, np.int64)
-        np.cumsum(self.token_len, out=off[1:])
-        self._flat = (np.frombuffer(b"".join(tb[: self.vocab_size]), np.uint8), off)
+        self._sorted_tokens = (keys, np.array([tob[k] for k in keys], np.int64))
+        #: each token's length in bytes (from the tokenizer's flat byte array)
+        self.token_len = np.diff(self.info.token_bytes_flat()[1])
         # (first byte of each token, -1 for none; per byte, the bitmask of the tokens starting with it)
         first = np.array([b[0] if b else -1 for b in tb[: self.vocab_size]], np.int16)
         ids = np.flatnonzero(first >= 0)
@@ -886,9 +883,6 @@ class CanonicalState:
     forced_after_words = 16
     #: and looks this far into the text the grammar forces after a candidate
     forced_after_bytes = 24
-    #: lexer states whose candidates without forced text are kept, per lexer (16 KB each on a
-    #: 128k vocabulary)
-    max_skip_states = 1024
 
     def _prune_forced_after(self, matcher, words: np.ndarray, checked: set) -> None:
         """Drop a candidate after which the grammar forces text that no canonical continuation
@@ -900,16 +894,7 @@ class CanonicalState:
         at once, two bytes being readable after them); each candidate followed by forced text
         then gets the search along it of :meth:`_forced_viable` (the tokens spelling it, each
         canonical after the previous one, the last one possibly running past its end)."""
-        lexer, ls = matcher.lexer_state
-        store = lexer.__dict__.get("_forced_skip")
-        if store is None:
-            store = lexer._forced_skip = {}
-        skip = store.get(ls)
-        if skip is None:
-            if len(store) >= self.max_skip_states:
-                store.clear()
-            skip = store[ls] = np.zeros(words.shape[0], np.uint32)
-        hit, flen, fbuf, nxt = matcher.forced_after_words(words, self.forced_after_bytes, skip)
+        hit, flen, fbuf, nxt = matcher.forced_after_words(words, self.forced_after_bytes)
         if len(hit) == 0:
             return
         tb = self.ct.info.token_bytes
@@ -1016,11 +1001,11 @@ class CanonicalState:
             ids = ids[ct.token_len[ids] > 1]
         else:
             lo, hi = ct.prefix_range(rest)
-            ids = ct._sorted_ids[lo:hi]
+            ids = ct._sorted_tokens[1][lo:hi]
             ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool) & (ct.token_len[ids] > n)]
         nb = self._next_after
         if nb is not None and len(ids):     # their byte past the forced text: one the grammar allows
-            data, off = ct._flat
+            data, off, _rank = ct.info.token_bytes_flat()
             byte = data[off[ids] + n].astype(np.int64)
             ids = ids[((nb[byte >> 5] >> (byte & 31).astype(np.uint32)) & 1).astype(bool)]
         if len(ids) == 0:

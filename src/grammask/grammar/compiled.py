@@ -80,20 +80,6 @@ class CompiledGrammar:
 
         return token_reach(self.tokenizer_info)
 
-    def token_bytes_flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every token's bytes in one array, token ``t`` being ``data[off[t]:off[t + 1]]``, and
-        each token's rank in byte order (once per tokenizer, kept on its :class:`.TokenizerInfo`)."""
-        info = self.tokenizer_info
-        hit = info.__dict__.get("_bytes_flat")
-        if hit is None:
-            tb = info.token_bytes
-            off = np.zeros(len(tb) + 1, np.int64)
-            np.cumsum([len(b) for b in tb], out=off[1:])
-            rank = np.empty(len(tb), np.int64)
-            rank[sorted(range(len(tb)), key=tb.__getitem__)] = np.arange(len(tb))
-            hit = info._bytes_flat = (np.frombuffer(b"".join(tb), np.uint8), off, rank)
-        return hit
-
     @property
     def slicer(self):
         """The slice checker of the current lexer generation."""

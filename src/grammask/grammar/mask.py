@@ -603,6 +603,25 @@ def allowed_bytes(s, h, G, L, P, M, out):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _lexer_moves(L, s, order):
+    """The bytes lexer state ``s`` reads by a lexer move, scanned in ``order``: (how many, capped
+    at 2; the last one of them), or (-1, -1) when its row is not built yet."""
+    only = -1
+    cnt = 0
+    base = s * 256
+    for k in range(256):
+        x = L.trans[base + order[k]]
+        if x == -2:
+            return -1, -1
+        if x != -1:
+            cnt += 1
+            only = order[k]
+            if cnt == 2:
+                break
+    return cnt, only
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _only_byte(ok):
     """(how many bytes ``ok`` allows, capped at 2; the last one of them)."""
     only = -1
@@ -729,19 +748,9 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order,
             # two bytes the lexer alone can read next: nothing is forced (most candidates; the
             # bytes in ``order``, whitespace, quote, digits and letters first, so the scan usually
             # stops after a few). A row not expanded yet is expanded first
-            live = 0
-            base = cs * 256
-            for k in range(256):
-                x = L.trans[base + order[k]]
-                if x == -2:
-                    _record_state(M, cs)
-                    missing = True
-                    break
-                if x != -1:
-                    live += 1
-                    if live == 2:
-                        break
-            if missing:
+            live, _b = _lexer_moves(L, cs, order)
+            if live < 0:
+                _record_state(M, cs)
                 incomplete = True
                 continue
             if live == 2:
@@ -761,22 +770,10 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order,
             while True:
                 if m < fbuf.shape[1] and L.state_acc[cs] < 0:
                     # inside a lexeme that cannot end here (``ull`` after ``n``): one lexer move
-                    # is the only byte, no parser question
-                    only = -1
-                    cnt = 0
-                    base = cs * 256
-                    for b in range(256):
-                        x = L.trans[base + b]
-                        if x == -2:
-                            cnt = 2
-                            break
-                        if x != -1:
-                            cnt += 1
-                            only = b
-                            if cnt == 2:
-                                break
+                    # is the only byte, no parser question (a row not built: the parser's way)
+                    cnt, only = _lexer_moves(L, cs, order)
                     if cnt == 1:
-                        cs = L.trans[base + only]
+                        cs = L.trans[cs * 256 + only]
                         fbuf[nh, m] = only
                         m += 1
                         ll += 1

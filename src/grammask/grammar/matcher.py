@@ -27,6 +27,8 @@ _forced_after = FastCall(forced_after)
 #: the order forced_after scans a lexer row in: the bytes a JSON or text state most often reads
 _FIRST = [32, 9, 10, 13, 34, 44, 58, 46, 45, *range(48, 58), *range(97, 123), *range(65, 91)]
 _SCAN_ORDER = np.array(_FIRST + [b for b in range(256) if b not in _FIRST], np.int64)
+#: lexer states whose tokens without forced text forced_after_words keeps, per lexer
+MAX_SKIP_STATES = 1024
 _FILL_ERROR = "internal error: the mask kernel did not settle"
 _INT32 = np.dtype(np.int32)
 
@@ -288,44 +290,19 @@ class GrammarMatcher:
         st, n = self._call(jump_forward, self._s, self._h, self._lex_len, tail=(buf, self._ok))
         return bytes(buf[:n])
 
-    def forced_after_tokens(self, ids: np.ndarray, max_bytes: int = 32):
-        """For each token of ``ids`` (tokens the grammar allows now): the bytes the grammar forces
-        right after it, at most ``max_bytes`` (none where two bytes may follow or the grammar may
-        end there). Returns ``(flen, fbuf, nxt)``: token ``ids[i]`` is followed by
-        ``fbuf[i, :flen[i]]`` (``flen[i] == -1``: the grammar rejects it), and where that is not
-        empty, by one of the bytes whose bits ``nxt[i]`` (8 words) sets (:meth:`forced_after_words`);
-        the state is unchanged."""
-        ids = np.asarray(ids, np.int64)
-        n = ids.shape[0]
-        flen = np.zeros(n, np.int64)
-        fbuf = np.zeros((n, max_bytes), np.uint8)
-        nxt = np.zeros((n, 8), np.uint32)
-        if self._terminated or n == 0:
-            flen[:] = -1
-            return flen, fbuf, nxt
-        words = np.zeros((self.vocab_size + 31) // 32, np.uint32)
-        np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
-        hit, hl, hb, hn = self.forced_after_words(words, max_bytes)
-        where = {t: i for i, t in enumerate(ids.tolist())}
-        for j, t in enumerate(hit.tolist()):
-            i = where[t]
-            flen[i], fbuf[i], nxt[i] = hl[j], hb[j], hn[j]
-        return flen, fbuf, nxt
-
-    def forced_after_words(self, words: np.ndarray, max_bytes: int = 32, skip: np.ndarray | None = None):
+    def forced_after_words(self, words: np.ndarray, max_bytes: int = 32, cached: bool = True):
         """The tokens of ``words`` (allowed now) after which the grammar forces text: returns
         ``(hit, flen, fbuf, nxt)``, token ``hit[j]`` being followed by ``fbuf[j, :flen[j]]`` (at most
         ``max_bytes``; -1: the grammar rejects it) and then by one of the bytes whose bits
-        ``nxt[j]`` (8 words) sets. The tokens whose bits ``skip`` sets are not read; a token read
-        by lexer moves alone, after which the lexer alone reads two bytes, is added to ``skip``
-        (it has no forced text from any parser state over the same lexer state: the caller may
-        keep ``skip`` per :attr:`lexer_state`). One compiled call (:func:`.mask.forced_after`);
-        the state is unchanged."""
+        ``nxt[j]`` (8 words) sets. One compiled call (:func:`.mask.forced_after`); the state is
+        unchanged. A token read by lexer moves alone, after which the lexer alone reads two
+        bytes, has no forced text from any parser state over the same lexer state: with
+        ``cached``, such tokens are kept per lexer state (:meth:`_forced_skip`) and not read
+        again there."""
         self._sync()
         nw = words.shape[0]
-        if skip is None:
-            skip = np.zeros(nw, np.uint32)
-        data, off, rank = self.compiled.token_bytes_flat()
+        skip = self._forced_skip(nw) if cached else np.zeros(nw, np.uint32)
+        data, off, rank = self.compiled.tokenizer_info.token_bytes_flat()
         cand = self.__dict__.get("_fa_cand")
         if cand is None or cand.shape[0] < nw * 32:
             cand = self._fa_cand = np.empty(nw * 32, np.int64)     # scratch, one entry per token
@@ -343,12 +320,21 @@ class GrammarMatcher:
                 return hit[:k], flen[:k], fbuf[:k], nxt[:k]
             cap *= 4
 
-    @property
-    def lexer_state(self) -> tuple:
-        """The lexer the matcher is in and its state there (what :meth:`forced_after_words`'
-        ``skip`` is a fact of)."""
+    def _forced_skip(self, n_words: int | None = None) -> np.ndarray:
+        """The tokens :meth:`forced_after_words` knows to have no forced text from the current
+        lexer state (bits over the vocabulary), kept on the lexer: at most
+        :data:`MAX_SKIP_STATES` states a lexer, 16 KB each on a 128k vocabulary."""
         self._sync()
-        return self._lexer, self._s
+        lexer = self._lexer
+        store = lexer.__dict__.get("_forced_skip")
+        if store is None:
+            store = lexer._forced_skip = {}
+        skip = store.get(self._s)
+        if skip is None:
+            if len(store) >= MAX_SKIP_STATES:
+                store.clear()
+            skip = store[self._s] = np.zeros(n_words or (self.vocab_size + 31) // 32, np.uint32)
+        return skip
 
     def find_jump_forward_string(self) -> str:
         """The forced text from here, cut to whole UTF-8 characters (xgrammar's API)."""

@@ -156,6 +156,19 @@ class TokenizerInfo:
             self._trie = cached_trie(self)
         return self._trie
 
+    def token_bytes_flat(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every token's bytes in one array, token ``t`` being ``data[off[t]:off[t + 1]]``, and
+        each token's rank in byte order (built once, kept here)."""
+        hit = self.__dict__.get("_bytes_flat")
+        if hit is None:
+            tb = self.token_bytes
+            off = np.zeros(len(tb) + 1, np.int64)
+            np.cumsum([len(b) for b in tb], out=off[1:])
+            rank = np.empty(len(tb), np.int64)
+            rank[sorted(range(len(tb)), key=tb.__getitem__)] = np.arange(len(tb))
+            hit = self._bytes_flat = (np.frombuffer(b"".join(tb), np.uint8), off, rank)
+        return hit
+
     @property
     def special_mask(self) -> np.ndarray:
         """bool[vocab_size], True for the special (never grammar-matched) ids."""
