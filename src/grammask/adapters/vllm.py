@@ -69,9 +69,16 @@ not hold the model tokenizer's canonical structure). A grammar that
 fails to compile in the worker (it was checked in the frontend, so only on resource bounds) is
 logged and its request is allowed stop tokens only.
 
-**Remains for a GPU machine with vLLM** (nothing here ran under vLLM: this machine has no GPU,
-and the GPU machine lent to the project has torch 2.11 and no network, while ``vllm==0.33.0``
-needs ``torch==2.14.0``, flashinfer and a 336 MB wheel, past what a call may carry):
+**vLLM 0.26.** ``vllm==0.26.0`` pins ``torch==2.11.0`` (the GPU machine's torch); its V1 classes
+are those above and the tests pass against them on CPU; it has no logits-processor interface on
+its V2 runner (it falls back to V1 whenever custom logits processors are configured), so only
+:data:`GrammaskLogitsProcessor` applies there and asking for the V2 class raises an ImportError
+saying so. ``benchmarks/vllm_payload.sh`` / ``benchmarks/vllm_checks.sh`` carry that release to
+the GPU machine in pieces and run ``benchmarks/vllm_serve.py`` there.
+
+**Remains for a GPU machine with vLLM** (nothing here ran under vLLM: this machine has no GPU;
+``vllm==0.33.0`` needs ``torch==2.14.0`` and cannot be installed on the GPU machine, 0.26.0 can
+but no machine was lent when it was prepared):
 ``vllm serve`` end to end with the option above at 1 and 64 concurrent clients (valid outputs,
 throughput vs ``--structured-outputs-config.backend xgrammar`` and guidance); the V2 runner path
 (``GrammaskLogitsProcessorV2`` reads committed tokens from ``req_states.all_token_ids``; the
@@ -549,7 +556,15 @@ def _build_v1():
 
 
 def _build_v2():
-    from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor
+    try:
+        from vllm.v1.worker.gpu.sample.logits_processor import LogitsProcessor
+    except ImportError as e:
+        import vllm
+
+        raise ImportError(
+            f"vLLM {vllm.__version__} has no logits-processor interface for its V2 model runner "
+            "(vllm.v1.worker.gpu.sample.logits_processor): it runs custom logits processors on the "
+            "V1 runner, so name grammask.adapters.vllm:GrammaskLogitsProcessor") from e
 
     class GrammaskLogitsProcessorV2(LogitsProcessor):
         """grammask constraints for vLLM's V2 model runner (see the module docstring)."""
