@@ -12,7 +12,9 @@ follow. Finished walks are decoded and re-encoded by ``tokenizers`` (the oracle)
 differ is non-canonical. For each dead end the last tokens, the grammar's forced text there and the
 size of the plain mask are printed, so the classes of dead ends can be read off.
 ``--forced-after-words N`` sets :attr:`.CanonicalState.forced_after_words`, the widest mask (in
-non-zero words) whose candidates are judged along the text the grammar forces after them (0: none).
+non-zero words) whose candidates are judged along the text the grammar forces after them (0: none);
+``--narrow`` turns on :attr:`.CanonicalState.narrow_lookahead` (the one-step lookahead after
+whitespace ending in a space or a tab).
 """
 from __future__ import annotations
 
@@ -41,9 +43,13 @@ def main():
     ap.add_argument("--max-len", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--forced-after-words", type=int, default=None)
+    ap.add_argument("--narrow", action="store_true",
+                    help="turn on CanonicalState.narrow_lookahead (whitespace ending in a space)")
     a = ap.parse_args()
     if a.forced_after_words is not None:
         CanonicalState.forced_after_words = a.forced_after_words
+    if a.narrow:
+        CanonicalState.narrow_lookahead = True
     from tokenizers import Tokenizer
 
     info = TokenizerInfo.from_huggingface(llama3_tokenizer_path())

@@ -467,6 +467,23 @@ class CanonicalTokenizer:
         np.bitwise_or.at(words, (first[ids].astype(np.int64), ids >> 5),
                          np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
         self._first_bytes = (first, words)
+        # tokens of whitespace alone ending in a space or a tab: the last whitespace before a word
+        # or a sign joins it in a pre-token, so what may follow them canonically is narrow (digits,
+        # the end): CanonicalState.prune_dead_ends reads what the grammar allows after them
+        wsb = frozenset(b" \t\n\r\x0b\x0c")
+        nar = np.array([t for t in reach if tb[t] and tb[t][-1] in (0x20, 0x09) and all(c in wsb for c in tb[t])],
+                       np.int64)
+        self.narrow_words = np.zeros(self.n_words, np.uint32)
+        np.bitwise_or.at(self.narrow_words, nar >> 5, np.left_shift(np.uint32(1), (nar & 31).astype(np.uint32)))
+        #: token id -> its index among the narrow tokens (-1: not one)
+        self.narrow_index = np.full(self.vocab_size, -1, np.int64)
+        self.narrow_index[nar] = np.arange(len(nar))
+        #: the state after a narrow token (region key, token, pending) -> (first bytes of the
+        #: tokens canonical after it, as 8 words; whether the text may end there); and per state
+        #: before it (region key, last, pending), a table over the narrow tokens of the same
+        #: (first bytes [n, 8], may end [n], known [n]): see CanonicalState._first_after
+        self._first_after: dict = {}
+        self._first_tables: dict = {}
 
     def one_first_byte(self, words: np.ndarray) -> bool:
         """Do all the tokens of the (non-empty) mask ``words`` start with one byte?"""
@@ -823,7 +840,14 @@ class CanonicalState:
         # then every candidate starts with them: a wide mask has none (skip the forced-text call);
         # a mask over more than 512 words has neither that nor a candidate list to search
         nz = np.count_nonzero(words)
+        narrow = None
+        if self.narrow_lookahead:
+            narrow = words & self.ct.narrow_words
+            if not narrow.any():
+                narrow = None
         if nz > 512 and nz > self.forced_after_words:
+            if narrow is not None:
+                self._prune_forced_after(matcher, words, set(), narrow)
             return
         # two forced bytes or more: every allowed token starts with the first (a stop token, or
         # two first bytes, and nothing is forced)
@@ -854,8 +878,8 @@ class CanonicalState:
                 if not ok:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
             self._fork = self._matcher = None
-        if nz <= self.forced_after_words:
-            self._prune_forced_after(matcher, words, checked)
+        if nz <= self.forced_after_words or narrow is not None:
+            self._prune_forced_after(matcher, words, checked, narrow)
         # more words than tokens the search may take (counted again: the searches above may
         # have dropped some)
         if nz > self.lookahead_limit and np.count_nonzero(words) > self.lookahead_limit:
@@ -878,13 +902,18 @@ class CanonicalState:
 
     #: the bytes that may follow the forced text being searched (:meth:`_prune_forced_after`)
     _next_after = None
+    #: the one-step lookahead after whitespace ending in a space or a tab (:meth:`_prune_forced_after`'s
+    #: ``narrow``): it removes the whitespace class of dead ends but costs ~2x the first pass on
+    #: MaskBench (each new region reads ~170 such tokens, each a region of its own to judge), so
+    #: it is off until that is cheap (docs/fast-forward.md)
+    narrow_lookahead = False
     #: :meth:`_prune_forced_after` runs on masks of at most this many non-zero words (a JSON
     #: value's first token, ~1,400 tokens, is a mask of ~1,000 words; docs/fast-forward.md)
     forced_after_words = 16
     #: and looks this far into the text the grammar forces after a candidate
     forced_after_bytes = 24
 
-    def _prune_forced_after(self, matcher, words: np.ndarray, checked: set) -> None:
+    def _prune_forced_after(self, matcher, words: np.ndarray, checked: set, narrow=None) -> None:
         """Drop a candidate after which the grammar forces text that no canonical continuation
         spells: ``n`` where ``null`` is the only value left and ``null`` is one token (or merges
         with what came before), a key's first letters where the rest of the key is forced and
@@ -893,17 +922,38 @@ class CanonicalState:
         from one compiled call (:meth:`.GrammarMatcher.forced_after_words`: most candidates stop
         at once, two bytes being readable after them); each candidate followed by forced text
         then gets the search along it of :meth:`_forced_viable` (the tokens spelling it, each
-        canonical after the previous one, the last one possibly running past its end)."""
-        hit, flen, fbuf, nxt = matcher.forced_after_words(words, self.forced_after_bytes)
+        canonical after the previous one, the last one possibly running past its end).
+
+        ``narrow``: the candidates among :attr:`CanonicalTokenizer.narrow_words` (whitespace
+        ending in a space), a one-step lookahead: dropped when no token canonical after them
+        starts with a byte the grammar allows there (and the text may not end there). A mask
+        wider than ``forced_after_words`` words has only these read."""
+        sel = words if np.count_nonzero(words) <= self.forced_after_words or narrow is None else narrow
+        here = (self._region(), self.last, self.pending)
+        known = None
+        if narrow is not None:
+            known = (self.ct.narrow_index, *self._first_table(None, here))
+        hit, flen, fbuf, nxt = matcher.forced_after_words(sel, self.forced_after_bytes, probe=narrow, known=known)
         if len(hit) == 0:
             return
         tb = self.ct.info.token_bytes
         memo = self.ct._forced_verdicts
-        here = (self._region(), self.last, self.pending)
         self._fork = None
         self._matcher = matcher
         try:
-            for i, t in enumerate(hit.tolist()):
+            # narrow candidates with nothing forced after them: decided by the kernel (-3: no
+            # canonical continuation starts with a byte the grammar allows), or not known yet
+            drop = hit[flen == -3].tolist()
+            probes = np.flatnonzero((flen == 0) | (flen == -2))
+            if len(probes):
+                first, end = self._first_table(hit[probes], here)
+                live = (first & nxt[probes]).any(axis=1) | (end & (flen[probes] == -2))
+                drop += hit[probes[~live]].tolist()
+            for t in drop:
+                if t not in checked:
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+            rest = np.flatnonzero((flen > 0) | (flen == -1))
+            for i, t in zip(rest.tolist(), hit[rest].tolist()):
                 b = tb[t]
                 n = int(flen[i])
                 # text cut at the limit: its end is unknown (kept)
@@ -924,6 +974,52 @@ class CanonicalState:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
         finally:
             self._fork = self._matcher = self._next_after = None
+
+    def _first_table(self, toks, here: tuple):
+        """:meth:`_first_after` of the narrow tokens ``toks`` (ids), as arrays ([n, 8] first
+        bytes, [n] may end), from a table kept per ``here`` and per tokenizer; ``toks`` None:
+        the table itself (first bytes, may end, known)."""
+        ct = self.ct
+        tab = ct._first_tables.get(here)
+        if tab is None:
+            n = int(ct.narrow_index.max()) + 1
+            if len(ct._first_tables) > 10_000:
+                ct._first_tables.clear()
+            tab = ct._first_tables[here] = (np.zeros((max(n, 1), 8), np.uint32), np.zeros(max(n, 1), bool),
+                                            np.zeros(max(n, 1), bool))
+        if toks is None:
+            return tab
+        first, end, known = tab
+        idx = ct.narrow_index[toks]
+        for j in np.flatnonzero(~known[idx]).tolist():
+            k = int(idx[j])
+            first[k], end[k] = self._first_after(int(toks[j]), here)
+            known[k] = True
+        return first[idx], end[idx]
+
+    def _first_after(self, t: int, here: tuple) -> tuple[np.ndarray, bool]:
+        """(the first bytes of the tokens canonical after ``t``, as 8 words; whether the text may
+        end after ``t``): the tokenizer's alone, kept per tokenizer under this state's ``here``
+        (region key, last, pending) and ``t``, and under the state after ``t`` (whitespace
+        settles the region, so few of those recur)."""
+        ct = self.ct
+        memo = ct._first_after
+        self.push(t)
+        try:
+            key = (self._region(), t, self.pending)
+            hit = memo.get(key)
+            if hit is None:
+                w = np.full(ct.n_words, 0xFFFFFFFF, np.uint32)
+                self.allowed_words(w)
+                has = (ct._first_bytes[1] & w).any(axis=1)
+                first = np.packbits(has, bitorder="little").view(np.uint32).copy()
+                hit = (first, self.can_end())
+                memo[key] = hit
+        finally:
+            self.pop()
+        if len(memo) > 100_000:
+            memo.clear()
+        return hit
 
     def _search_after(self, t: int, forced: bytes, pos: int, memo: dict, key) -> bool:
         """:meth:`_forced_viable` after ``t`` (which spells ``forced[:pos]``, the rest being forced);

@@ -602,6 +602,66 @@ def allowed_bytes(s, h, G, L, P, M, out):
     return MISSING if incomplete else OK
 
 
+@njit(nogil=True, cache=True)
+def _probe_live(s, h, lex_len, nfirst, nend, k, G, L, P, M):
+    """(status, whether one of the bytes set in ``nfirst[k]`` may come next from (s, h), or the
+    grammar may end there while ``nend[k]``)."""
+    if nend[k]:
+        st, e = can_end(s, h, lex_len, G, L, P, M)
+        if st != OK:
+            return st, False
+        if e:
+            return OK, True
+    cache_top = row_top(P, h)
+    not_accepting = L.state_acc[s] < 0
+    incomplete = False
+    for w in range(8):
+        v = nfirst[k, w]
+        while v:
+            low = v & (~v + np.uint32(1))
+            b = w * 32 + _low_bit(low)
+            v ^= low
+            t = L.trans[s * 256 + b]
+            if t >= 0:
+                return OK, True
+            if t == -1 and not_accepting:
+                continue
+            st, _t, _h, cache_top = step_slow(b, s, h, cache_top, G, L, P, M)
+            if st == OK:
+                return OK, True
+            if st == MISSING:
+                incomplete = True
+            elif st != REJECT:
+                return st, False
+    return (MISSING if incomplete else OK), False
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _low_bit(x):
+    """The index of the only set bit of ``x`` (uint32)."""
+    i = 0
+    while x > np.uint32(1):
+        x >>= np.uint32(1)
+        i += 1
+    return i
+
+
+#: a probe of :func:`forced_after` after which more bytes than this may come is not reported (inside
+#: a string most bytes may: what follows a space there is almost never confined, and reading every
+#: space token of every string position cost ~5x a plain mask)
+NARROW_MAX_BYTES = 64
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _bits_of(ok, nxt, j):
+    """Row ``j`` of ``nxt`` (8 words) := the bytes ``b`` with ``ok[b]`` set, as bits."""
+    for w in range(8):
+        nxt[j, w] = 0
+    for b in range(256):
+        if ok[b]:
+            nxt[j, b >> 5] |= np.uint32(1) << np.uint32(b & 31)
+
+
 @njit(nogil=True, cache=True, inline="always")
 def _lexer_moves(L, s, order):
     """The bytes lexer state ``s`` reads by a lexer move, scanned in ``order``: (how many, capped
@@ -662,8 +722,8 @@ def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
 
 
 @njit(nogil=True, cache=True)
-def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order, ok, cand, out_n, hit, flen,
-                 fbuf, nxt):
+def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, nend, nknown, rank, data, off,
+                 order, ok, cand, out_n, hit, flen, fbuf, nxt):
     """The bytes the grammar forces right after each candidate token read from (s, h): the
     candidates are the set bits of ``words`` not set in ``skip`` (token ``t``'s bytes being
     ``data[off[t]:off[t + 1]]``). A candidate after which something is forced (as
@@ -674,11 +734,18 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order,
     A candidate read by lexer moves alone, after which the lexer alone reads two bytes, has no
     forced text from any parser state over lexer state ``s``: its bit is set in ``skip`` (a fact
     of ``s``, kept by the caller). Rows above ``h`` are scratch, so every candidate starts from
-    the same parser state. ``cand`` is scratch (one entry per token). Returns a status (OK, or
-    what the driver must build before calling again)."""
+    the same parser state. ``cand`` is scratch (one entry per token). A candidate whose bit is set
+    in ``probe`` and after which nothing is forced is a hit too: ``flen[j]`` 0, or -2 when the
+    grammar may end right after it, and ``nxt[j]`` the bytes that may follow it (the one-step
+    lookahead of the canonical mode). A probe whose verdict the caller can give from what may
+    follow (``nknown[nidx[t]]``: the first bytes ``nfirst[nidx[t]]`` of what may come canonically
+    after it, ``nend[nidx[t]]`` whether the text may end after it) is decided here, reading only
+    those bytes: not reported when one of them may come next (or both may end), else reported
+    with ``flen`` -3 (to be dropped). Returns a status (OK, or what the driver must build before
+    calling again)."""
     n = 0
     for w in range(words.shape[0]):
-        v = words[w] & ~skip[w]
+        v = words[w] & (~skip[w] | probe[w])
         if v:
             for k in range(32):
                 if (v >> np.uint32(k)) & np.uint32(1):
@@ -756,6 +823,40 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order,
             if live == 2:
                 if ch == h:
                     skip[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+                if not (probe[t >> 5] >> np.uint32(t & 31)) & np.uint32(1):
+                    continue
+                # a probe: what may follow it
+                if nh == flen.shape[0]:
+                    out_n[1] = 1
+                    continue
+                cache_top = min(cache_top, ch)
+                k = nidx[t]
+                if k >= 0 and nknown[k]:
+                    st, live = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
+                    if st == MISSING:
+                        incomplete = True
+                        continue
+                    if st != OK:
+                        return st
+                    if not live:
+                        flen[nh] = -3
+                        hit[nh] = t
+                        nh += 1
+                        out_n[0] = nh
+                    continue
+                st, e = can_end(cs, ch, lex_len + ln, G, L, P, M)
+                if st != OK:
+                    return st
+                st = allowed_bytes(cs, ch, G, L, P, M, ok)
+                if st != OK:
+                    return st
+                if np.count_nonzero(ok) > NARROW_MAX_BYTES:
+                    continue
+                flen[nh] = -2 if e else 0
+                _bits_of(ok, nxt, nh)
+                hit[nh] = t
+                nh += 1
+                out_n[0] = nh
                 continue
         if nh == flen.shape[0]:
             out_n[1] = 1
@@ -794,13 +895,12 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, rank, data, off, order,
                 m += 1
                 ll += 1
             if m == 0:
-                continue
-            flen[nh] = m
-            for w in range(8):
-                nxt[nh, w] = 0
-            for b in range(256):
-                if ok[b]:
-                    nxt[nh, b >> 5] |= np.uint32(1) << np.uint32(b & 31)
+                if not (probe[t >> 5] >> np.uint32(t & 31)) & np.uint32(1) or np.count_nonzero(ok) > NARROW_MAX_BYTES:
+                    continue
+                flen[nh] = -2 if e else 0       # a probe: what may follow it
+            else:
+                flen[nh] = m
+            _bits_of(ok, nxt, nh)
         hit[nh] = t
         nh += 1
         out_n[0] = nh

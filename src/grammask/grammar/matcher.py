@@ -24,6 +24,8 @@ _fill_mask_cached = FastCall(fill_mask_cached)
 _advance_bytes = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
 _forced_after = FastCall(forced_after)
+_NO_PROBE: dict = {}     # zero probe masks, by width
+_NO_KNOWN: dict = {}     # no probe verdicts, by width
 #: the order forced_after scans a lexer row in: the bytes a JSON or text state most often reads
 _FIRST = [32, 9, 10, 13, 34, 44, 58, 46, 45, *range(48, 58), *range(97, 123), *range(65, 91)]
 _SCAN_ORDER = np.array(_FIRST + [b for b in range(256) if b not in _FIRST], np.int64)
@@ -290,7 +292,8 @@ class GrammarMatcher:
         st, n = self._call(jump_forward, self._s, self._h, self._lex_len, tail=(buf, self._ok))
         return bytes(buf[:n])
 
-    def forced_after_words(self, words: np.ndarray, max_bytes: int = 32, cached: bool = True):
+    def forced_after_words(self, words: np.ndarray, max_bytes: int = 32, cached: bool = True,
+                           probe: np.ndarray | None = None, known=None):
         """The tokens of ``words`` (allowed now) after which the grammar forces text: returns
         ``(hit, flen, fbuf, nxt)``, token ``hit[j]`` being followed by ``fbuf[j, :flen[j]]`` (at most
         ``max_bytes``; -1: the grammar rejects it) and then by one of the bytes whose bits
@@ -298,10 +301,24 @@ class GrammarMatcher:
         unchanged. A token read by lexer moves alone, after which the lexer alone reads two
         bytes, has no forced text from any parser state over the same lexer state: with
         ``cached``, such tokens are kept per lexer state (:meth:`_forced_skip`) and not read
-        again there."""
+        again there. ``probe`` (bits over the vocabulary): tokens reported even with nothing
+        forced after them, ``flen`` 0 (or -2 where the grammar may end after them) and ``nxt`` the
+        bytes that may follow them. ``known``: ``(index of each token among the probes (-1: not
+        one), first bytes [n, 8], may end [n], known [n])``, the verdicts the kernel gives itself
+        (see :func:`.mask.forced_after`): a probe known to be viable is not reported, one known
+        not to be is, with ``flen`` -3."""
         self._sync()
         nw = words.shape[0]
         skip = self._forced_skip(nw) if cached else np.zeros(nw, np.uint32)
+        if probe is None:
+            probe = _NO_PROBE.get(nw)
+            if probe is None:
+                probe = _NO_PROBE[nw] = np.zeros(nw, np.uint32)
+        if known is None:
+            known = _NO_KNOWN.get(nw)
+            if known is None:
+                known = _NO_KNOWN[nw] = (np.full(nw * 32, -1, np.int64), np.zeros((1, 8), np.uint32),
+                                         np.zeros(1, bool), np.zeros(1, bool))
         data, off, rank = self.compiled.tokenizer_info.token_bytes_flat()
         cand = self.__dict__.get("_fa_cand")
         if cand is None or cand.shape[0] < nw * 32:
@@ -314,7 +331,7 @@ class GrammarMatcher:
             fbuf = np.zeros((cap, max_bytes), np.uint8)
             nxt = np.zeros((cap, 8), np.uint32)
             self._call(_forced_after, self._s, self._h, self._lex_len,
-                       tail=(words, skip, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n, hit, flen, fbuf, nxt))
+                       tail=(words, skip, probe, *known, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n, hit, flen, fbuf, nxt))
             if not out_n[1]:
                 k = int(out_n[0])
                 return hit[:k], flen[:k], fbuf[:k], nxt[:k]
