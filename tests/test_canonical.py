@@ -1077,3 +1077,67 @@ def test_probe_verdicts_in_the_kernel_match_those_in_python(monkeypatch):
                 assert m.accept_token(t)
             masks.append(_allowed(m, info.vocab_size))
         assert np.array_equal(masks[0], masks[1]), prefix
+
+
+def test_canonical_fallback_gives_the_plain_mask_at_a_dead_end():
+    """``canonical_fallback=True``: at a dead end (``{``, a space, a space: only a digit may follow
+    canonically and no value here starts with one) the mask is the grammar's plain one instead of
+    an empty one; the token taken there is counted and read as raw text, the masks after it are
+    canonical again, and the walk can finish. Without it the mask is empty; the lookahead
+    (``narrow_lookahead``) would have dropped the second space in the first place."""
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    compiled = GrammarCompiler(info).compile_json_schema(_WS_SCHEMA)
+    steps = [encode("{")[0], encode(" ")[0], encode(" ")[0]]
+    plain = GrammarMatcher(compiled)
+    strict = GrammarMatcher(compiled, canonical=ct)
+    m = GrammarMatcher(compiled, canonical=ct, canonical_fallback=True)
+    for t in steps:
+        assert plain.accept_token(t) and strict.accept_token(t) and m.accept_token(t)
+    assert len(_allowed(strict, info.vocab_size)) == 0
+    got = _allowed(m, info.vocab_size)
+    assert np.array_equal(got, _allowed(plain, info.vocab_size)) and len(got) > 0
+    assert m.canonical_fallbacks == 0
+    q = encode('"')[0]
+    assert q in set(got.tolist()) and not strict.accept_token(q)
+    assert m.accept_token(q) and m.canonical_fallbacks == 1
+    rest = 'a":"xy","b":true}'
+    for t in encode(rest):
+        assert t in set(_allowed(m, info.vocab_size).tolist())
+        assert m.accept_token(t)
+    assert m.can_terminate() and m.canonical_fallbacks == 1
+    m.rollback(len(encode(rest)) + 1)
+    assert len(_allowed(m, info.vocab_size)) > 0 and m.accept_token(q)
+
+
+async def test_request_canonical_fallback_finishes_at_a_dead_end(small, monkeypatch):
+    """A request's ``canonical_fallback`` reaches its matchers: at a dead end (made here by
+    emptying the third step's canonical mask) the request ends normally, its text valid under the
+    grammar, with the step counted in ``usage.extra.canonical_fallbacks``; without it the request
+    fails with a GenerationError (the engine's default, ``canonical_fallback=False``)."""
+    import re
+
+    from grammask.errors import GenerationError
+    from grammask.grammar.canonical import CanonicalState
+    from grammask.pipeline import AsyncEngine
+
+    orig = CanonicalState.prune_dead_ends
+
+    def dead_at_third(self, matcher, words):
+        orig(self, matcher, words)
+        if len(self._hist) == 2:
+            words[:] = 0
+
+    monkeypatch.setattr(CanonicalState, "prune_dead_ends", dead_at_third)
+    eng = await AsyncEngine.create(_bpe_backend(small), canonical=True)
+    try:
+        r = await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                              response_format=SCRIPT_RF, canonical_fallback=True)
+        assert r.choices[0].finish_reason == "stop"
+        assert re.fullmatch(SCRIPT_RF["pattern"], r.choices[0].message.content)
+        assert r.usage.extra.canonical_fallbacks == 1
+        with pytest.raises(GenerationError):
+            await eng.chat.completions.create(messages=[{"role": "user", "content": "hi"}], temperature=0,
+                                              response_format=SCRIPT_RF)
+    finally:
+        await eng.aclose()

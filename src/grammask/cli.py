@@ -55,6 +55,8 @@ async def _chat(args) -> int:
                   temperature=args.temperature, seed=args.seed, fast_forward=not args.no_fast_forward)
         if args.canonical:
             kw["canonical"] = True
+        if args.canonical_fallback:
+            kw["canonical_fallback"] = True
         if args.stream:
             stream = await engine.chat.completions.create(stream=True, stream_options={"include_usage": True}, **kw)
             usage = None
@@ -114,6 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--no-fast-forward", action="store_true")
     c.add_argument("--canonical", action="store_true",
                    help="only the tokenizer's canonical token sequences (README 'Canonical tokenization')")
+    c.add_argument("--canonical-fallback", action="store_true",
+                   help="with --canonical: the plain mask at a canonical dead end instead of an error")
     c.add_argument("--quiet-usage", action="store_true", help="print the usage line on stderr")
     _add_serve_parser(sub)
     args = p.parse_args(argv)

@@ -45,7 +45,7 @@ class GrammarMatcher:
 
     def __init__(self, compiled: CompiledGrammar, stop_token_ids=None, *,
                  terminate_without_stop_token: bool = False, max_rollback_tokens: int = -1,
-                 canonical=False):
+                 canonical=False, canonical_fallback: bool = False):
         self.compiled = compiled
         info = compiled.tokenizer_info
         self.tokenizer_info = info
@@ -75,6 +75,14 @@ class GrammarMatcher:
 
             ct = canonical if isinstance(canonical, CanonicalTokenizer) else canonical_tokenizer(info)
             self._canon = CanonicalState(ct)
+        #: with ``canonical``: where the canonical mask is empty while the grammar still allows
+        #: tokens (a dead end the lookahead did not see), give the grammar's plain mask for that
+        #: step instead of an empty one; the token taken there is read as raw text (the next one is
+        #: judged as after a pre-token boundary) and counted in :attr:`canonical_fallbacks`
+        self.canonical_fallback = bool(canonical_fallback)
+        #: steps that fell back to the plain mask (not undone by :meth:`rollback`)
+        self.canonical_fallbacks = 0
+        self._fallback_step = False
         self.reset()
 
     # ------------------------------------------------------------------ state
@@ -88,6 +96,7 @@ class GrammarMatcher:
         self._terminated = False
         maxlen = None if self.max_rollback_tokens < 0 else self.max_rollback_tokens
         self._history: deque = deque(maxlen=maxlen)
+        self._fallback_step = False
         if self._canon is not None:
             self._canon.reset()
 
@@ -171,12 +180,15 @@ class GrammarMatcher:
         if lx is not self.compiled.lexer or lx.full:   # _sync's test, inline on the hot path
             self._sync()
         token_id = int(token_id)
+        canon = self._canon
+        if canon is not None and self._fallback_step:
+            return self._accept_fallback(token_id)
         if token_id in self._stop_set:
-            if not self._can_end_now() or (self._canon is not None and not self._canon.can_end()):
+            if not self._can_end_now() or (canon is not None and not canon.can_end()):
                 return False
             self._history.append((self._s, self._h, self._lex_len, self._terminated))
-            if self._canon is not None:
-                self._canon.push_marker()
+            if canon is not None:
+                canon.push_marker()
             self._terminated = True
             return True
         if not 0 <= token_id < len(self._token_bytes):
@@ -195,6 +207,21 @@ class GrammarMatcher:
         if self.terminate_without_stop_token and self._can_end_now() and not self._has_continuation():
             self._terminated = True
         return True
+
+    def _accept_fallback(self, token_id: int) -> bool:
+        """:meth:`accept_token` at a step whose mask fell back to the plain one: the grammar alone
+        decides; the canonical state starts afresh after the token (as after raw text)."""
+        canon = self._canon
+        self._canon = None
+        try:
+            ok = self.accept_token(token_id)
+        finally:
+            self._canon = canon
+        if ok:
+            canon.push_text()
+            self._fallback_step = False
+            self.canonical_fallbacks += 1
+        return ok
 
     def accept_string(self, data: str | bytes, *, debug_print: bool = False) -> bool:
         """Advance by raw text (counts as one step for :meth:`rollback`)."""
@@ -219,6 +246,8 @@ class GrammarMatcher:
             self._s, self._h, self._lex_len, self._terminated = self._history.pop()
             if self._canon is not None:
                 self._canon.pop()
+        if num_tokens:
+            self._fallback_step = False
 
     def _has_continuation(self) -> bool:
         self._call(allowed_bytes, self._s, self._h, tail=(self._ok,))
@@ -270,8 +299,13 @@ class GrammarMatcher:
         if w.req[0]:
             mc.requested(w.req)
         if self._canon is not None:
+            self._fallback_step = False     # (the lookahead below accepts tokens on this matcher)
+            plain = words[:n_words].copy() if self.canonical_fallback else None
             self._canon.restrict(words[:n_words], self.stop_token_ids)
             self._canon.prune_dead_ends(self, words[:n_words])
+            self._fallback_step = plain is not None and not words[:n_words].any() and bool(plain.any())
+            if self._fallback_step:
+                words[:n_words] = plain
 
     def _set_stop(self, words: np.ndarray) -> None:
         for t in self.stop_token_ids:

@@ -155,6 +155,8 @@ class _Request:
     usage_sent: bool = False
     #: canonical-tokenization matchers (the request's ``canonical``, else the engine's default)
     canonical: bool = False
+    #: their plain mask at a canonical dead end (``canonical_fallback``; else the request fails there)
+    canonical_fallback: bool = False
 
     @property
     def done(self) -> bool:
@@ -168,7 +170,8 @@ class AsyncEngine:
     def __init__(self, backend, *, cache_size: int = 64, fast_forward: bool = True, max_batch: int = 32,
                  max_tokens_per_step: int | None = 512, max_running: int | None = None,
                  max_queue: int | None = 256, trace: bool = False, json_whitespace: str = "flexible",
-                 parallel_masks: bool = True, overlap_masks: bool | None = None, canonical: bool = False):
+                 parallel_masks: bool = True, overlap_masks: bool | None = None, canonical: bool = False,
+                 canonical_fallback: bool = False):
         self.backend = backend
         self.tokenizer_info = backend.tokenizer_info
         self.model_name = getattr(backend, "name", "model")
@@ -197,6 +200,9 @@ class AsyncEngine:
         self._canonical_error: BaseException | None = None
         self._canonical_ready = False
         self.canonical = bool(canonical)
+        #: default of a request's ``canonical_fallback`` (GrammarMatcher's: the plain mask at a
+        #: canonical dead end, counted in ``usage.extra.canonical_fallbacks``)
+        self.canonical_fallback = bool(canonical_fallback)
         if self.canonical:
             self._check_canonical()
         self.trace: deque | None = deque(maxlen=100_000) if trace else None
@@ -452,7 +458,9 @@ class AsyncEngine:
                             seed=None if req.seed is None else req.seed + i) for i in range(req.n)]
         ff = self.fast_forward if req.fast_forward is None else req.fast_forward
         r = _Request(rid, req, spec, prompt, ff, int(time.time()), time.perf_counter(),
-                     canonical=spec is not None and self._wants_canonical(req))
+                     canonical=spec is not None and self._wants_canonical(req),
+                     canonical_fallback=self.canonical_fallback if req.canonical_fallback is None
+                     else req.canonical_fallback)
         triggers = [TOOL_TRIGGER] if req.tools_active else []
         for i in range(req.n):
             c = _Choice(i, r, None, samplers[i], TextAssembler(req.stop, triggers), max_new)
@@ -475,8 +483,8 @@ class AsyncEngine:
         def work():
             t0 = time.perf_counter()
             cg, hit = self.compiler.get_or_compile(key, lambda: self._compile_fn(r.spec, self.compiler))
-            matchers = [GrammarMatcher(cg, stop_token_ids=self._matcher_stops, canonical=r.canonical)
-                        for _ in range(n)]
+            matchers = [GrammarMatcher(cg, stop_token_ids=self._matcher_stops, canonical=r.canonical,
+                                       canonical_fallback=r.canonical_fallback) for _ in range(n)]
             return matchers, hit, t0, time.perf_counter()
 
         try:
@@ -763,6 +771,7 @@ class AsyncEngine:
             forward_s=r.forward_s,
             mask_s=r.mask_s,
             grammar_cache_hit=r.cache_hit,
+            canonical_fallbacks=sum(getattr(c.matcher, "canonical_fallbacks", 0) for c in r.choices),
         )
         if r.prefill_span is not None and r.prefill_span[1] > r.prefill_span[0]:
             extra.prefill_tokens_per_s = prompt * len(r.choices) / (r.prefill_span[1] - r.prefill_span[0])

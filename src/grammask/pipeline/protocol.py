@@ -273,6 +273,10 @@ class ChatCompletionRequest(_Model):
     #: grammask: allow only canonical token sequences under the grammar (None: the engine's default;
     #: also accepted as ``response_format.canonical``). No effect on unconstrained text.
     canonical: Optional[StrictBool] = None
+    #: grammask: with ``canonical``, where no canonical token is left but the grammar allows some
+    #: (a dead end), take the grammar's plain mask for that step instead of failing the request;
+    #: counted in ``usage.extra.canonical_fallbacks`` (None: the engine's default)
+    canonical_fallback: Optional[StrictBool] = None
     #: grammask: ignore the end-of-text token (generate to max_tokens, text format only)
     ignore_eos: bool = False
 
@@ -414,6 +418,8 @@ class UsageExtra(BaseModel):
     mask_s: float = 0.0
     #: grammask: the compiled grammar came from the cache
     grammar_cache_hit: bool = False
+    #: grammask: canonical steps that fell back to the plain mask (``canonical_fallback``)
+    canonical_fallbacks: int = 0
 
 
 class CompletionUsage(BaseModel):
