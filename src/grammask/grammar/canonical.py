@@ -993,15 +993,14 @@ class CanonicalState:
         idx = ct.narrow_index[toks]
         for j in np.flatnonzero(~known[idx]).tolist():
             k = int(idx[j])
-            first[k], end[k] = self._first_after(int(toks[j]), here)
+            first[k], end[k] = self._first_after(int(toks[j]))
             known[k] = True
         return first[idx], end[idx]
 
-    def _first_after(self, t: int, here: tuple) -> tuple[np.ndarray, bool]:
+    def _first_after(self, t: int) -> tuple[np.ndarray, bool]:
         """(the first bytes of the tokens canonical after ``t``, as 8 words; whether the text may
-        end after ``t``): the tokenizer's alone, kept per tokenizer under this state's ``here``
-        (region key, last, pending) and ``t``, and under the state after ``t`` (whitespace
-        settles the region, so few of those recur)."""
+        end after ``t``): the tokenizer's alone, kept per tokenizer under the state after ``t``
+        (:meth:`_first_table` keeps it per state before ``t`` too)."""
         ct = self.ct
         memo = ct._first_after
         self.push(t)
