@@ -162,13 +162,15 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
     g = comp.compile_json_schema(SCHEMA)
     prompt = backend.apply_chat_template([{"role": "user", "content":
                                            "Describe a person as JSON with name, age, city and hobbies."}])
-    gen = torch.Generator().manual_seed(seed)
     out = {}
-    for canonical in (False, True):
-        noncanon = finished = dead = 0
+    for mode in ("plain", "canonical", "canonical + fallback"):
+        # the same draws in every mode: the fallback's samples are the canonical ones up to a dead end
+        gen = torch.Generator().manual_seed(seed)
+        canonical = mode != "plain"
+        noncanon = finished = dead = fallbacks = 0
         t0 = time.perf_counter()
         for i in range(n_samples):
-            m = GrammarMatcher(g, canonical=ct if canonical else False)
+            m = GrammarMatcher(g, canonical=ct if canonical else False, canonical_fallback=mode.endswith("fallback"))
             seq = backend.new_sequence()
             feed = list(prompt)
             ids = []
@@ -191,15 +193,16 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
                 feed = [t]
             backend.release(seq) if hasattr(backend, "release") else None
             finished += m.is_terminated()
+            fallbacks += m.canonical_fallbacks
             text = info.decode(ids).decode("utf-8", "replace")
             # unfinished (length): the last two tokens may still be re-split by what would follow
             re_ids = backend.encode(text)
             if (re_ids != ids) if m.is_terminated() else (re_ids[: max(0, len(ids) - 2)] != ids[:-2]):
                 noncanon += 1
-            print(f"  sample {i + 1}/{n_samples} canonical={canonical}: {len(ids)} tokens, "
+            print(f"  sample {i + 1}/{n_samples} {mode}: {len(ids)} tokens, "
                   f"{time.perf_counter() - t0:.1f} s, non-canonical so far {noncanon}: {text[:60]!r}",
                   file=sys.stderr, flush=True)
-        out[canonical] = (noncanon, n_samples, finished, dead, time.perf_counter() - t0)
+        out[mode] = (noncanon, n_samples, finished, dead, fallbacks, time.perf_counter() - t0)
     return out
 
 
@@ -244,11 +247,12 @@ def main():
     if not args.no_model:
         s = sampling(args.samples, args.max_tokens)
         part = ["Embedded model (SmolLM2-135M, CPU), JSON schema, temperature 1:", "",
-                md_table(["mode", "non-canonical", "samples", "finished", "dead ends", "seconds"],
-                         [["canonical" if k else "plain", v[0], v[1], v[2], v[3], fmt(v[4], 1)]
-                          for k, v in s.items()]),
+                md_table(["mode", "non-canonical", "samples", "finished", "dead ends", "fallback steps", "seconds"],
+                         [[k, v[0], v[1], v[2], v[3], v[4], fmt(v[5], 1)] for k, v in s.items()]),
                 "", "A sample is non-canonical when the tokenizer's encoding of its text differs from the "
-                "sampled ids (for a sample cut by the token limit, all but its last two tokens).", ""]
+                "sampled ids (for a sample cut by the token limit, all but its last two tokens). "
+                "\"canonical + fallback\": `canonical_fallback=True`, the plain mask at a dead end (its "
+                "steps counted).", ""]
         print("\n".join(part))
         lines += part
     if args.results:
