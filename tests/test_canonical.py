@@ -269,8 +269,21 @@ def _allowed(m: GrammarMatcher, V: int) -> np.ndarray:
     return np.nonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[:V])[0]
 
 
-def _walks(info, compiled, encode, ct, n_walks, seed, max_len=60):
-    """Random walks through the canonical mask; returns (finished, non-canonical, dead ends)."""
+def _pick_short(info, rng, allowed, stop):
+    """A stop token 40% of the time when allowed, a single byte 30%, else any allowed token."""
+    st = [int(a) for a in allowed if a in stop]
+    short = [int(a) for a in allowed if len(info.token_bytes[a]) == 1]
+    if st and rng.random() < 0.4:
+        return st[0]
+    if short and rng.random() < 0.3:     # single bytes: closing brackets, commas, ...
+        return rng.choice(short)
+    return int(rng.choice(allowed))
+
+
+def _walks(info, compiled, encode, ct, n_walks, seed, max_len=60, pick=_pick_short, dead_after=None):
+    """Random walks through the canonical mask (each step's token from ``pick(info, rng, allowed,
+    stop ids)``); returns (finished, non-canonical, dead ends). ``dead_after``: a list that gets
+    the last token's bytes of each walk that reached an empty mask."""
     rng = random.Random(seed)
     stop = set(info.stop_token_ids)
     done = bad = dead = 0
@@ -282,15 +295,10 @@ def _walks(info, compiled, encode, ct, n_walks, seed, max_len=60):
             if len(allowed) == 0:
                 dead += 1
                 print("DEAD END", [info.token_bytes[i] for i in ids])
+                if dead_after is not None:
+                    dead_after.append(info.token_bytes[ids[-1]] if ids else b"")
                 break
-            st = [int(a) for a in allowed if a in stop]
-            short = [int(a) for a in allowed if len(info.token_bytes[a]) == 1]
-            if st and rng.random() < 0.4:
-                t = st[0]
-            elif short and rng.random() < 0.3:     # single bytes: closing brackets, commas, ...
-                t = rng.choice(short)
-            else:
-                t = int(rng.choice(allowed))
+            t = pick(info, rng, allowed, stop)
             assert m.accept_token(t)
             if t in stop:
                 break
@@ -994,37 +1002,15 @@ def test_probes_report_what_the_grammar_allows_after_them():
     assert checked > 50, checked
 
 
-def _ws_walks(info, tok, ct, compiled, seed=3, n=30):
-    """Random walks favouring whitespace tokens; returns (dead ends right after whitespace ending
-    in a space or a tab, non-canonical finished walks)."""
-    rng = random.Random(seed)
-    stop = set(info.stop_token_ids)
-    ws_dead = bad = 0
-    wsb = set(b" \t\n\r")
-    for _ in range(n):
-        w = GrammarMatcher(compiled, canonical=ct)
-        ids: list[int] = []
-        for _ in range(40):
-            allowed = _allowed(w, info.vocab_size)
-            if len(allowed) == 0:
-                last = info.token_bytes[ids[-1]] if ids else b""
-                ws_dead += bool(last) and set(last) <= wsb and last[-1:] in (b" ", b"\t")
-                break
-            st = [int(a) for a in allowed if a in stop]
-            ws = [int(a) for a in allowed if info.token_bytes[a] and set(info.token_bytes[a]) <= wsb]
-            if st and rng.random() < 0.3:
-                t = st[0]
-            elif ws and rng.random() < 0.6:
-                t = rng.choice(ws)
-            else:
-                t = int(rng.choice(allowed))
-            assert w.accept_token(t)
-            if t in stop:
-                break
-            ids.append(t)
-        if w.is_terminated() and tok.encode(info.decode(ids).decode("utf-8"), add_special_tokens=False).ids != ids:
-            bad += 1
-    return ws_dead, bad
+def _pick_whitespace(info, rng, allowed, stop):
+    """A stop token 30% of the time when allowed, a whitespace token 60%, else any allowed token."""
+    st = [int(a) for a in allowed if a in stop]
+    ws = [int(a) for a in allowed if info.token_bytes[a] and set(info.token_bytes[a]) <= set(b" \t\n\r")]
+    if st and rng.random() < 0.3:
+        return st[0]
+    if ws and rng.random() < 0.6:
+        return rng.choice(ws)
+    return int(rng.choice(allowed))
 
 
 @pytest.mark.slow
@@ -1038,7 +1024,7 @@ def test_whitespace_ending_in_a_space_needs_a_canonical_follower(monkeypatch):
     drop is two steps away), and re-encode to themselves either way."""
     from grammask.grammar.canonical import CanonicalState
 
-    info, tok, encode = _llama()
+    info, _tok, encode = _llama()
     comp = GrammarCompiler(info)
     sp = encode(" ")[0]
     dead = {}
@@ -1051,8 +1037,11 @@ def test_whitespace_ending_in_a_space_needs_a_canonical_follower(monkeypatch):
         ints = GrammarMatcher(comp.compile_json_schema({"type": "array", "items": {"type": "integer"}}), canonical=ct)
         assert ints.accept_token(encode("[")[0]) and ints.accept_token(sp)
         assert sp in set(_allowed(ints, info.vocab_size).tolist())
-        dead[narrow], bad = _ws_walks(info, tok, ct, comp.compile_json_schema(_WS_SCHEMA))
+        after: list = []
+        _done, bad, _dead = _walks(info, comp.compile_json_schema(_WS_SCHEMA), encode, ct, 30, seed=3, max_len=40,
+                                   pick=_pick_whitespace, dead_after=after)
         assert bad == 0
+        dead[narrow] = sum(1 for b in after if b and set(b) <= set(b" \t\n\r") and b[-1:] in (b" ", b"\t"))
     assert dead[True] < dead[False], dead
 
 
