@@ -111,51 +111,38 @@ def request(kind: str, i: int, constrained: bool = True) -> dict:
     return kw
 
 
+_NUM = re.compile(r"[1-9][0-9]?|0")
+
+
 def grammar_ok(s: str) -> bool:
     """Recogniser for GRAMMAR (no whitespace anywhere)."""
     pos = 0
 
-    def num() -> bool:
-        nonlocal pos
-        if s[pos:pos + 1] == "0":
-            pos += 1
-            return True
-        if s[pos:pos + 1] in tuple("123456789") and s[pos:pos + 1]:
-            pos += 1
-            if s[pos:pos + 1] and s[pos] in "0123456789":
-                pos += 1
-            return True
-        return False
-
     def factor() -> bool:
         nonlocal pos
-        if s[pos:pos + 1] == "(":
+        if s.startswith("(", pos):
             pos += 1
-            if not expr() or s[pos:pos + 1] != ")":
+            if not expr() or not s.startswith(")", pos):
                 return False
             pos += 1
             return True
-        return num()
+        m = _NUM.match(s, pos)
+        if m:
+            pos = m.end()
+        return m is not None
 
-    def term() -> bool:
+    def chain(operand, ops: str) -> bool:     # operand (op operand)*
         nonlocal pos
-        if not factor():
+        if not operand():
             return False
-        while s[pos:pos + 1] and s[pos] in "*/":
+        while pos < len(s) and s[pos] in ops:
             pos += 1
-            if not factor():
+            if not operand():
                 return False
         return True
 
     def expr() -> bool:
-        nonlocal pos
-        if not term():
-            return False
-        while s[pos:pos + 1] and s[pos] in "+-":
-            pos += 1
-            if not term():
-                return False
-        return True
+        return chain(lambda: chain(factor, "*/"), "+-")
 
     return expr() and pos == len(s)
 

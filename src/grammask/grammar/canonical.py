@@ -478,6 +478,7 @@ class CanonicalTokenizer:
         #: token id -> its index among the narrow tokens (-1: not one)
         self.narrow_index = np.full(self.vocab_size, -1, np.int64)
         self.narrow_index[nar] = np.arange(len(nar))
+        self.n_narrow = len(nar)
         #: the state after a narrow token (region key, token, pending) -> (first bytes of the
         #: tokens canonical after it, as 8 words; whether the text may end there); and per state
         #: before it (region key, last, pending), a table over the narrow tokens of the same
@@ -982,11 +983,10 @@ class CanonicalState:
         ct = self.ct
         tab = ct._first_tables.get(here)
         if tab is None:
-            n = int(ct.narrow_index.max()) + 1
+            n = max(ct.n_narrow, 1)
             if len(ct._first_tables) > 10_000:
                 ct._first_tables.clear()
-            tab = ct._first_tables[here] = (np.zeros((max(n, 1), 8), np.uint32), np.zeros(max(n, 1), bool),
-                                            np.zeros(max(n, 1), bool))
+            tab = ct._first_tables[here] = (np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool))
         if toks is None:
             return tab
         first, end, known = tab

@@ -825,39 +825,27 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                     skip[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
                 if not (probe[t >> 5] >> np.uint32(t & 31)) & np.uint32(1):
                     continue
-                # a probe: what may follow it
-                if nh == flen.shape[0]:
-                    out_n[1] = 1
-                    continue
-                cache_top = min(cache_top, ch)
+                # a probe whose verdict is known is decided here; an unknown one goes on to the
+                # loop below, which stops at once (nothing is forced) and reports what may follow
                 k = nidx[t]
                 if k >= 0 and nknown[k]:
+                    cache_top = min(cache_top, ch)
                     st, live = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
                     if st == MISSING:
                         incomplete = True
                         continue
                     if st != OK:
                         return st
-                    if not live:
-                        flen[nh] = -3
-                        hit[nh] = t
-                        nh += 1
-                        out_n[0] = nh
+                    if live:
+                        continue
+                    if nh == flen.shape[0]:
+                        out_n[1] = 1
+                        continue
+                    flen[nh] = -3
+                    hit[nh] = t
+                    nh += 1
+                    out_n[0] = nh
                     continue
-                st, e = can_end(cs, ch, lex_len + ln, G, L, P, M)
-                if st != OK:
-                    return st
-                st = allowed_bytes(cs, ch, G, L, P, M, ok)
-                if st != OK:
-                    return st
-                if np.count_nonzero(ok) > NARROW_MAX_BYTES:
-                    continue
-                flen[nh] = -2 if e else 0
-                _bits_of(ok, nxt, nh)
-                hit[nh] = t
-                nh += 1
-                out_n[0] = nh
-                continue
         if nh == flen.shape[0]:
             out_n[1] = 1
             continue

@@ -348,7 +348,7 @@ class GrammarMatcher:
             probe = _NO_PROBE.get(nw)
             if probe is None:
                 probe = _NO_PROBE[nw] = np.zeros(nw, np.uint32)
-        if known is None:
+        if known is None:     # every probe unknown (the kernel reads the index of each)
             known = _NO_KNOWN.get(nw)
             if known is None:
                 known = _NO_KNOWN[nw] = (np.full(nw * 32, -1, np.int64), np.zeros((1, 8), np.uint32),
