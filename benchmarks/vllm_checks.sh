@@ -12,7 +12,8 @@
 #                    attention kernels); vllm_py.tar.xz (vLLM's Python and its small .so, without
 #                    FA2, the MoE kernels and the SM100 headers: unused by a dense model on Hopper);
 #                    the other wheels vLLM imports at `vllm serve` (found by importing its serving,
-#                    engine, worker and structured-output modules on CPU)
+#                    engine, worker and structured-output modules on CPU; lm-format-enforcer too,
+#                    which vLLM imports while validating any structured-output request)
 #
 #   call 1 (carry .vp1): park; copy src to /root/gm-src and compile grammask's Numba kernels there
 #            in the background (setsid: it outlives the call), so call 3's engine does not
@@ -24,6 +25,8 @@ set -u
 stage=${1:?stage 1, 2 or 3}
 GGUF_SHA=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+# the wheel leaves flashinfer out (an optional dependency); its sampler is on by default on CUDA
+export VLLM_USE_FLASHINFER_SAMPLER=0
 export NUMBA_CACHE_DIR=/root/gm-numba GRAMMASK_CACHE_DIR=/root/gm-cache VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 OUT=${OUT:-/tmp/gpu-out}
 P=/root/vp

@@ -25,7 +25,7 @@ VL="apache-tvm-ffi==0.1.15.post2 cachetools==8.0.2 cbor2==6.3.0 fastapi==0.165.0
     msgspec==0.22.0 openai==3.57.0 openai-harmony==0.0.8 opentelemetry-api==1.45.2
     partial-json-parser==0.2.1.1.post7 prometheus-fastapi-instrumentator==8.1.0 pybase64==1.5.1
     pyzmq==27.3.0 sniffio==1.3.1 starlette==1.10.0 truststore==0.10.5 uvicorn==0.54.0 watchfiles==1.3.0
-    xgrammar==0.2.9 jiter==0.19.0 distro==1.9.0 python-multipart==0.0.34"
+    xgrammar==0.2.9 jiter==0.19.0 distro==1.9.0 python-multipart==0.0.34 lm-format-enforcer==0.11.3 interegular==0.3.3"
 rm -rf .vp1 .vp2 .vp3 && mkdir -p .vp1 .vp2 .vp3
 for d in .vp1 .vp2 .vp3; do grep -qx "/$d/" .git/info/exclude || echo "/$d/" >>.git/info/exclude; done
 python3 -m pip download -q --no-deps $PLAT -d .vp1 $GM

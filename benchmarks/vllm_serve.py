@@ -196,7 +196,9 @@ async def run_level(port: int, n_clients: int, n_requests: int, constrained: boo
     todo = list(range(n_requests))
     lat, toks = [], 0
     stats = {"ok": 0, "invalid": 0, "cut": 0, "errors": 0}
+    cut_kinds = {k: 0 for k in KINDS}
     examples: list[str] = []
+    cut_examples: dict[str, str] = {}
 
     async def worker() -> None:
         nonlocal toks
@@ -218,6 +220,8 @@ async def run_level(port: int, n_clients: int, n_requests: int, constrained: boo
             choice = r.choices[0]
             if choice.finish_reason == "length":
                 stats["cut"] += 1
+                cut_kinds[kind] += 1
+                cut_examples.setdefault(kind, f"{kind}: cut: {choice.message.content!r:.160}")
                 continue
             if not constrained:
                 stats["ok"] += 1
@@ -235,7 +239,9 @@ async def run_level(port: int, n_clients: int, n_requests: int, constrained: boo
     wall = time.perf_counter() - t0
     await client.close()
     lat.sort()
-    return {**stats, "wall": wall, "req_s": len(lat) / wall, "tok_s": toks / wall, "tokens": toks,
+    return {**stats, "cut_kinds": "/".join(str(cut_kinds[k]) for k in KINDS),
+            "cut_examples": list(cut_examples.values()), "tok_req": toks / max(1, len(lat)),
+            "wall": wall, "req_s": len(lat) / wall, "tok_s": toks / wall, "tokens": toks,
             "p50": percentile(lat, 50) if lat else float("nan"),
             "p99": percentile(lat, 99) if lat else float("nan"), "examples": examples}
 
@@ -282,7 +288,7 @@ def main(argv=None) -> int:
     ref = next((b for b in ("xgrammar", "guidance", "grammask") if b in up), None)
     if ref is not None:
         runs.append((ref, False))
-    rows, notes = [], []
+    rows, notes, cuts = [], [], []
     try:
         for b, _ in runs:  # warm-up: one unconstrained and one request of each kind, not timed
             asyncio.run(run_level(ports[b], 1, 1, False, 8, args.temperature))
@@ -294,23 +300,27 @@ def main(argv=None) -> int:
                                           args.temperature))
                 name = b if constrained else f"unconstrained (on the {b} server)"
                 print(f"[{name}] clients={n}: {r}", flush=True)
-                rows.append([name, n, r["ok"], r["invalid"], r["cut"], r["errors"], fmt(r["wall"], 1),
-                             fmt(r["req_s"], 2), fmt(r["tok_s"], 0), fmt(r["p50"], 3), fmt(r["p99"], 3)])
+                rows.append([name, n, r["ok"], r["invalid"], r["cut"], r["cut_kinds"], r["errors"],
+                             fmt(r["wall"], 1), fmt(r["req_s"], 2), fmt(r["tok_req"], 1), fmt(r["tok_s"], 0),
+                             fmt(r["p50"], 3), fmt(r["p99"], 3)])
                 notes += [f"{name}, {n} clients: {e}" for e in r["examples"]]
+                cuts += [f"{name}, {n} clients: {e}" for e in r["cut_examples"]]
     finally:
         for p in procs.values():
             try:
                 os.killpg(p.pid, 15)
             except ProcessLookupError:
                 pass
-    table = md_table(["backend", "clients", "ok", "invalid", "cut", "errors", "wall s", "req/s",
-                      "tok/s", "p50 lat s", "p99 lat s"], rows)
+    table = md_table(["backend", "clients", "ok", "invalid", "cut", "cut j/r/g", "errors", "wall s",
+                      "req/s", "tok/req", "tok/s", "p50 lat s", "p99 lat s"], rows)
     start = ", ".join(f"{b} {s:.0f} s" for b, s in up.items())
     report = (f"{table}\n\nServers healthy after: {start}. Requests per level: "
               f"{args.requests or 'max(9, 3 x clients)'}, in turn json_schema / regex / grammar, "
               f"max_tokens {args.max_tokens}, temperature {args.temperature}.\n")
     if notes:
         report += "\nExamples of failures:\n" + "\n".join(f"- {x}" for x in notes) + "\n"
+    if cuts:
+        report += "\nThe first output cut by max_tokens, per kind:\n" + "\n".join(f"- {x}" for x in cuts) + "\n"
     print(report)
     if args.out:
         Path(args.out).write_text(report)

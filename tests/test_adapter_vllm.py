@@ -295,6 +295,33 @@ def test_module_imports_without_vllm():
         gv.NoSuchThing  # noqa: B018
 
 
+def test_cuda_kernel_compiled_when_the_processor_starts(monkeypatch):
+    """The V1 processor compiles the CUDA bitmask kernel for the model's logits at start (vLLM's
+    JIT monitor saw it compile during inference on the H200); nothing on a CPU device, and a failure
+    there is only logged."""
+    torch = pytest.importorskip("torch")
+    from types import SimpleNamespace
+
+    from grammask.grammar.kernels import triton_kernel
+
+    calls = []
+    monkeypatch.setattr(triton_kernel, "warm_up", lambda *a: calls.append(a) or 4)
+    cfg = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16, get_vocab_size=lambda: 49152))
+    gv._warm_up_kernel(cfg, torch.device("cpu"))
+    gv._warm_up_kernel(cfg, "cpu")
+    assert calls == []
+    gv._warm_up_kernel(cfg, torch.device("cuda", 0))
+    gv._warm_up_kernel(cfg, "cuda:1")
+    assert calls == [(torch.device("cuda", 0), 49152, (torch.float32, torch.bfloat16)),
+                     ("cuda:1", 49152, (torch.float32, torch.bfloat16))]
+
+    def boom(*a):
+        raise RuntimeError("no kernel")
+
+    monkeypatch.setattr(triton_kernel, "warm_up", boom)
+    gv._warm_up_kernel(cfg, "cuda")  # logged, not raised
+
+
 # ---------------------------------------------------------------------------------------------- real vLLM
 def test_real_vllm_classes():
     vllm = pytest.importorskip("vllm")

@@ -162,6 +162,14 @@ def test_triton_kernel_in_the_interpreter_matches_cpu_reference():
 INTERPRETER_NUMPY_BUG = "only 0-dimensional arrays can be converted to Python scalars"
 
 
+def test_warm_up_does_nothing_where_the_triton_path_does_not_apply(monkeypatch):
+    from grammask.grammar.kernels import triton_kernel as tk
+
+    assert tk.warm_up("cpu", 1000) == 0
+    monkeypatch.setenv("GRAMMASK_DISABLE_TRITON", "1")
+    assert tk.warm_up("cuda" if HAVE_CUDA else "cpu", 1000) == 0
+
+
 # ---------------------------------------------------------------------------------------------- CUDA
 cuda = pytest.mark.skipif(not HAVE_CUDA, reason="CUDA is not available")
 
@@ -193,3 +201,34 @@ def test_cuda_half_precision(dtype):
         t = torch.from_numpy(lg.copy()).cuda().to(getattr(torch, dtype))
         apply_token_bitmask_inplace_cuda(t, torch.from_numpy(bm), backend=backend)
         np.testing.assert_array_equal(torch.isinf(t).cpu().numpy(), np.isinf(ref))
+
+
+def _compiled_variants(kernel) -> int | None:
+    caches = getattr(kernel, "device_caches", None)  # Triton 3.x: device -> (kernel cache, ...)
+    if not caches:
+        return None
+    return sum(len(c[0]) for c in caches.values())
+
+
+@cuda
+def test_cuda_kernel_compiles_once_per_dtype_whatever_the_batch():
+    """warm_up compiles every variant decoding needs: no batch size compiles another (before, the
+    grid size was a compile-time constant, and each new small batch compiled a variant)."""
+    if not triton_available():
+        pytest.skip("triton is not available")
+    from grammask.grammar.kernels import triton_kernel as tk
+
+    V = 49152
+    assert tk.warm_up("cuda", V, (torch.float32, torch.bfloat16)) == 4
+    before = _compiled_variants(tk._kernel())
+    if before is None:
+        pytest.skip("this Triton keeps no per-device kernel cache to count")
+    for B in (1, 2, 3, 5, 7, 11, 16, 33, 64):
+        lg, bm = make(B, V, V // 32, seed=B)
+        ref = reference(lg, bm, None, list(range(0, B, 2)))
+        t = torch.from_numpy(lg.copy()).cuda()
+        apply_token_bitmask_inplace_cuda(t, torch.from_numpy(bm), indices=list(range(0, B, 2)))
+        np.testing.assert_array_equal(t.cpu().numpy(), ref)
+        t = torch.from_numpy(lg.copy()).cuda().to(torch.bfloat16)
+        apply_token_bitmask_inplace_cuda(t, torch.from_numpy(bm))
+    assert _compiled_variants(tk._kernel()) == before

@@ -17,7 +17,7 @@ import torch
 from .cpu import check_row_count
 from .torch_ops import as_bitmask
 
-__all__ = ["TRITON_DTYPES", "apply_triton", "triton_applies", "triton_available"]
+__all__ = ["TRITON_DTYPES", "apply_triton", "triton_applies", "triton_available", "warm_up"]
 
 TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _KERNEL: Any = None
@@ -49,13 +49,17 @@ def _build_kernel():
     import triton
     import triton.language as tl
 
-    @triton.jit
+    # the batch's row count and the grid size are runtime values that Triton would otherwise
+    # specialise on (== 1, % 16): without this every new small batch compiled another variant
+    # during decoding (vLLM's JIT monitor caught it on the H200). One variant per dtype and
+    # HAS_INDICES remains; warm_up() compiles those ahead.
+    @triton.jit(do_not_specialize=["num_rows", "num_programs"])
     def _bitmask_kernel(logits_ptr, bitmask_ptr, indices_ptr, num_rows, vocab_size, n_cols, logits_stride,
-                        bitmask_stride, bitmask_words, NUM_PROGRAMS: tl.constexpr, HAS_INDICES: tl.constexpr,
+                        bitmask_stride, bitmask_words, num_programs, HAS_INDICES: tl.constexpr,
                         BLOCK_SIZE: tl.constexpr):
         pid = tl.program_id(0)
         num_blocks = tl.cdiv(n_cols, BLOCK_SIZE)
-        for work_id in tl.range(pid, num_rows * num_blocks, NUM_PROGRAMS):
+        for work_id in tl.range(pid, num_rows * num_blocks, num_programs):
             row_id = work_id // num_blocks
             block_start = (work_id % num_blocks) * BLOCK_SIZE
             if HAS_INDICES:
@@ -111,6 +115,27 @@ def apply_triton(logits: torch.Tensor, bitmask, vocab_size, indices, block_size:
     n_programs = min(_num_programs(lg.device), num_rows * ((n_cols + block_size - 1) // block_size))
     _kernel()[(n_programs,)](
         lg, bm, idx if idx is not None else bm, num_rows, V, n_cols, lg.stride(0), bm.stride(0), bm.shape[1],
-        NUM_PROGRAMS=n_programs, HAS_INDICES=idx is not None, BLOCK_SIZE=block_size,
+        n_programs, HAS_INDICES=idx is not None, BLOCK_SIZE=block_size,
         num_warps=(num_warps or (16 if lg.element_size() == 4 else 32)) if lg.device.type == "cuda" else 1,
     )
+
+
+def warm_up(device, n_cols: int, dtypes=(torch.float32,), vocab_size: int | None = None) -> int:
+    """Compile the kernel ahead for logits rows of ``n_cols`` on ``device`` in each of ``dtypes``,
+    with and without row indices, so that the first decoding steps do not pay Triton's JIT (a
+    server calls this when it starts). Returns the number of launches made: 0 where the Triton
+    path does not apply (no CUDA, no Triton, ``GRAMMASK_DISABLE_TRITON``)."""
+    device = torch.device(device)
+    words = (int(n_cols) + 31) // 32
+    done = 0
+    for dtype in dict.fromkeys(dtypes):
+        logits = torch.zeros((2, int(n_cols)), dtype=dtype, device=device)
+        if not triton_applies(logits):
+            continue
+        bitmask = torch.full((2, words), -1, dtype=torch.int32, device=device)
+        for indices in (None, [1]):
+            apply_triton(logits, bitmask, vocab_size, indices)
+            done += 1
+    if done and device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return done
