@@ -43,7 +43,8 @@ from .canonical_split import verdict_words as _verdict_words
 from .canonical_spec import CanonicalSpec, canonical_spec
 
 OK, NEED_PAIR, REJECT = 0, 1, 2
-_CONTRACTION = set("strevmld")
+_CONTRACTION = frozenset("strevmld")
+_NO_CONTRACTION = str.maketrans({c: "x" for c in _CONTRACTION})
 _PROBE_CHARS = ["x", ".", " ", "\n", "1", "s", "'", "\t", "\r"]
 # the future matters through its next character and, after whitespace, through how the run goes on
 PROBES = [""] + _PROBE_CHARS + [" x", " .", " 1", " \n", "  ", "\tx", "\t\n", "\n ", "\nx", "\n\n", "\r\n",
@@ -104,8 +105,10 @@ def outside_contractions(rep: str) -> str:
     token's run (the token before may end in an apostrophe); over the whole region that is known,
     so ``" rex"`` and ``" xxx"`` are one region and share their verdicts. The region starts at a
     boundary no future moves, so an apostrophe before it holds no contraction into it."""
-    if not any(c in _CONTRACTION for c in rep):
+    if _CONTRACTION.isdisjoint(rep):
         return rep
+    if "'" not in rep:
+        return rep.translate(_NO_CONTRACTION)
     out = list(rep)
     for i, c in enumerate(rep):
         if c in _CONTRACTION and not ((i >= 1 and rep[i - 1] == "'") or (i >= 2 and rep[i - 2] == "'")):
@@ -155,6 +158,14 @@ class CanonicalTokenizer:
         self._build_signatures()
         self.signature_seconds = time.perf_counter() - t0
         self._build_lookups()
+        # per-token scalars as Python sequences: the per-candidate tests index them one token at a
+        # time, where a numpy scalar costs ~10x a bytes/array item
+        import array
+
+        self._reach_b = bytes(np.asarray(bpe.reach, bool).astype(np.uint8))
+        self._lead_b = bytes((self.kind == 1).astype(np.uint8))
+        self._tail_b = bytes(np.asarray(self.tail).astype(np.uint8))
+        self._sig_a = array.array("i", np.asarray(self.sig_of, np.int32).tobytes())
         self._verdicts: OrderedDict = OrderedDict()
         self._bounds: dict = {}
         self._sig_verdicts: dict = {}   # region key -> verdict per signature
@@ -642,11 +653,14 @@ class CanonicalState:
             text = b"".join(tb[t] for t in self.tokens)
             if self.pending:
                 text = text[: len(text) - len(self.pending)]
-            s = text.decode("utf-8", "replace")
+            ascii_ = text.isascii()     # the common case: a character per byte
+            s = text.decode("ascii") if ascii_ else text.decode("utf-8", "replace")
             starts, off = [], 0
-            for c in s:
-                starts.append(off)
-                off += len(c.encode("utf-8")) if c != "\ufffd" else 1
+            if not ascii_:
+                for c in s:
+                    starts.append(off)
+                    off += len(c.encode("utf-8")) if c != "\ufffd" else 1
+            n_s = len(s)
             # junctions inside a letter run or a punctuation run (no apostrophe around) that pass
             # the pair test constrain nothing (no pre-token boundary can fall there): merged away,
             # so a long word keeps a short representative
@@ -656,11 +670,15 @@ class CanonicalState:
             pos, ci = 0, 0
             for i, t in enumerate(self.tokens):
                 a, pos = pos, pos + len(tb[t])
-                c0 = ci
-                while ci < len(starts) and starts[ci] < pos:
-                    ci += 1
-                sub = s[c0:ci]
-                at_char = (c0 < len(starts) and starts[c0] == a) or a == len(text)
+                if ascii_:
+                    sub = s[a:pos]
+                    at_char = a < n_s or a == len(text)
+                else:
+                    c0 = ci
+                    while ci < len(starts) and starts[ci] < pos:
+                        ci += 1
+                    sub = s[c0:ci]
+                    at_char = (c0 < len(starts) and starts[c0] == a) or a == len(text)
                 if i and at_char and segs:
                     ok = bool(self.pair_ok[i - 1])
                     prev = segs[-1][0][-1:] if segs[-1][0] else ""
@@ -748,10 +766,9 @@ class CanonicalState:
         ct = self.ct
         tb = ct.info.token_bytes
         b = tb[t]
-        if not b or not ct.bpe.reach[t]:
+        if not b or not ct._reach_b[t]:
             return False
-        lead = int(ct.kind[t] == 1)
-        if bool(self.pending) != bool(lead):
+        if bool(self.pending) != bool(ct._lead_b[t]):
             return False
         region, junc = self._region()
         if self.pending:
@@ -766,7 +783,7 @@ class CanonicalState:
             cand = rep_of(text, ct.fold_case)
             v = ct.judge_inside(region, junc, cand, bool(tl))
         else:
-            s = int(ct.sig_of[t])
+            s = ct._sig_a[t]
             if s < 0:
                 return False
             sv = ct._sig_verdicts.get((region, junc))
@@ -793,7 +810,7 @@ class CanonicalState:
         pok = True if not self.tokens else ct.bpe.pair_ok(self.last, t)
         tokens = self.tokens + (t,)
         pair = self.pair_ok + ((pok,) if self.tokens else ())
-        tl = _utf8_split(self.pending + b)[1] if self.pending else int(ct.tail[t])
+        tl = _utf8_split(self.pending + b)[1] if self.pending else ct._tail_b[t]
         self.pending = (self.pending + b)[-tl:] if tl else b""
         self.tokens, self.pair_ok, self.last, self._key = tokens, pair, t, None
         self._settle()
@@ -1088,21 +1105,30 @@ class CanonicalState:
         ct = self.ct
         tb = ct.info.token_bytes
         rest = forced[pos:]
-        words = ct._first_bytes[1][rest[0]].copy()
-        self.allowed_words(words)
         n = len(rest)
-        if n == 1:      # every token of the mask starts with the rest: the longer ones
+        if n == 1:      # every token starting with the rest's byte: the canonical ones, longer
+            words = ct._first_bytes[1][rest[0]].copy()
+            self.allowed_words(words)
             ids = _ids_of(words, words.shape[0])
             ids = ids[ct.token_len[ids] > 1]
-        else:
+        else:           # the tokens running past the rest (often none), then the canonical ones
             lo, hi = ct.prefix_range(rest)
             ids = ct._sorted_tokens[1][lo:hi]
-            ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool) & (ct.token_len[ids] > n)]
+            ids = ids[ct.token_len[ids] > n]
+            if len(ids) == 0:
+                return False
         nb = self._next_after
         if nb is not None and len(ids):     # their byte past the forced text: one the grammar allows
             data, off, _rank = ct.info.token_bytes_flat()
             byte = data[off[ids] + n].astype(np.int64)
             ids = ids[((nb[byte >> 5] >> (byte & 31).astype(np.uint32)) & 1).astype(bool)]
+        if n > 1 and len(ids):
+            if len(ids) <= 16:
+                ids = ids[[self.allows(r) for r in ids.tolist()]]
+            else:
+                words = ct._first_bytes[1][rest[0]].copy()
+                self.allowed_words(words)
+                ids = ids[((words[ids >> 5] >> (ids & 31).astype(np.uint32)) & 1).astype(bool)]
         if len(ids) == 0:
             return False
         self._asked = True
@@ -1152,7 +1178,8 @@ class CanonicalState:
     def restrict(self, words: np.ndarray, stop_ids) -> None:
         """AND the canonical condition into the grammar's mask ``words``; a stop token the grammar
         allows stays allowed iff the text may end here canonically."""
-        stops = [t for t in stop_ids if 0 <= t < self.ct.vocab_size and (words[t >> 5] >> np.uint32(t & 31)) & 1]
+        V = self.ct.vocab_size
+        stops = [t for t in stop_ids if 0 <= t < V and int(words[t >> 5]) >> (t & 31) & 1]
         self.allowed_words(words)
         if stops and self.can_end():
             for t in stops:
