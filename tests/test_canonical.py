@@ -522,6 +522,37 @@ def test_byte_level_pre_tokenizer_takes_the_compiled_path(which):
         assert {p for p in range(bits.bit_length()) if bits >> p & 1} == want, repr(s)
 
 
+def test_regions_of_one_token_are_judged_with_the_tokenizer_side(small_split, tmp_path, monkeypatch):
+    """The regions made of one token's representative are judged when the tokenizer side is built
+    (then read back from the disk cache): every one of them, complete, equal to the Python judge and
+    to what a tokenizer side without them computes on demand."""
+    from grammask.grammar.canonical import outside_contractions
+
+    tok = small_split[1]
+    ct = CanonicalTokenizer.from_info(TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path))
+    want_keys = {(outside_contractions(r), ()) for r, tl in zip(ct.sig_rep, ct.sig_tail) if not tl} | {("", ())}
+    assert set(ct._base_verdicts) == want_keys and ct.base_region_seconds > 0
+    assert list(tmp_path.rglob("canonregions-*.npz"))
+    again = CanonicalTokenizer.from_info(TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path))
+    monkeypatch.setattr(CanonicalTokenizer, "precompute_regions", False)
+    bare = CanonicalTokenizer.from_info(TokenizerInfo.from_huggingface(tok, disk_cache=False))
+    assert not bare._base_verdicts
+    rng = random.Random(5)
+    sample = set(rng.sample(sorted(want_keys), min(12, len(want_keys))))
+    for key, v in ct._base_verdicts.items():
+        assert (v >= 0).all() and np.array_equal(again._base_verdicts[key], v), key
+        assert np.array_equal(bare.sig_verdicts(key), v), key
+        if key in sample:
+            region, junc = key
+            assert v.tolist() == [ct.judge(region, junc, ct.sig_rep[s], ct.sig_tail[s])
+                                  for s in range(ct.n_signatures)], key
+    # the verdict cache's overflow keeps them
+    ct.max_cached_regions = 2
+    for r in ("xx.", "x.x", ".x.", "x1x"):
+        ct.sig_verdicts((r, ((1, True),)))
+    assert all(k in ct._sig_verdicts for k in want_keys)
+
+
 def test_each_step_matches_the_oracle_with_a_split_pre_tokenizer(small_split, monkeypatch):
     _each_step(small_split[0], small_split[2], monkeypatch, per_step=None, walks=4, steps=12, min_checked=3000,
                min_blocked=100)

@@ -596,3 +596,25 @@ def judge_all(region, jbits, bad, sigs, cand, cand_len, cand_tail, probes, probe
                 break
             verdict = NEED_PAIR
         out[sg] = verdict
+
+
+@njit(nogil=True, cache=True)
+def ids_of_words(words, limit, out):
+    """The ids of the set bits of ``words`` into ``out`` (room for ``32 * limit``), in increasing
+    order; returns how many, or -1 when more than ``limit`` words are non-zero (then ``out`` is
+    left partly written). ``canonical._ids_of`` without the numpy temporaries."""
+    n = 0
+    nzw = 0
+    for i in range(words.shape[0]):
+        w = np.int64(words[i])
+        if w == 0:
+            continue
+        nzw += 1
+        if nzw > limit:
+            return -1
+        base = np.int64(i) * 32
+        for b in range(32):
+            if (w >> b) & 1:
+                out[n] = base + b
+                n += 1
+    return n

@@ -52,6 +52,7 @@ SUBDIR = f"tokenizers-v{FORMAT}"
 TRIE_FORMAT = "toktrie-1"
 FOREST_FORMAT = "slice-forest-1"
 BPE_CANON_FORMAT = "bpe-canon-1"
+CANON_REGIONS_FORMAT = "canon-regions-1"
 #: the modules whose code decides what the artefacts hold (their text is part of every key)
 SOURCE_MODULES = ("toktrie.py", "slicer.py", "regex.py", "regexset.py", "tokenizer_cache.py")
 #: environment switch: "0", "false", "no" or "off" disables the disk cache
@@ -311,8 +312,18 @@ def cached_bpe_canon(tokenizer_info, spec):
                          lambda b: b.to_arrays(), lambda a: BpeCanon(a, tokenizer_info.vocab_size))
 
 
+def cached_region_verdicts(tokenizer_info, extra: str, build: Callable[[], dict[str, np.ndarray]]):
+    """The canonical side's verdicts of its common pre-token regions
+    (:meth:`~.canonical.CanonicalTokenizer._base_regions`), from the disk cache when there.
+    ``extra``: what besides the tokenizer decides them (the split pattern, the judging code)."""
+    setting = getattr(tokenizer_info, "disk_cache", None)
+    where = artefact_file(tokenizer_info, "canonregions", CANON_REGIONS_FORMAT, extra, setting)
+    return load_or_build(where, build, lambda a: a, lambda a: a)
+
+
 __all__ = [
     "BPE_CANON_FORMAT",
+    "CANON_REGIONS_FORMAT",
     "ENV_SWITCH",
     "FOREST_FORMAT",
     "FORMAT",
@@ -321,6 +332,7 @@ __all__ = [
     "artefact_file",
     "cache_folder",
     "cached_bpe_canon",
+    "cached_region_verdicts",
     "cached_forest",
     "cached_trie",
     "forest_from_arrays",
