@@ -229,8 +229,10 @@ def main():
     print("\n".join(lines))
     ct = sides[0][2]
     warm_up_grammar_kernels(info)
-    for label in () if args.no_masks else ("first pass (each pre-token region judged when first seen)",
-                  "second pass over the same sample (region verdicts cached, as in a running server)"):
+    labels = ("first pass (the canonical side's caches cold, but for the regions of one token, judged with "
+              "the tokenizer side)",
+              "second pass over the same sample (region verdicts cached, as in a running server)")
+    for label in () if args.no_masks else labels:
         p, c, n_inst, n_ok, n_schemas = mask_times(info, ct, Path(args.data), args.every, args.max_schemas)
         pm, cm = statistics.mean(p) / 1e3, statistics.mean(c) / 1e3
         pq, cq = statistics.median(p) / 1e3, statistics.median(c) / 1e3
