@@ -76,15 +76,15 @@ its V2 runner (it falls back to V1 whenever custom logits processors are configu
 saying so. ``benchmarks/vllm_payload.sh`` / ``benchmarks/vllm_checks.sh`` carry that release to
 the GPU machine in pieces and run ``benchmarks/vllm_serve.py`` there.
 
-**Remains for a GPU machine with vLLM** (nothing here ran under vLLM: this machine has no GPU;
-``vllm==0.33.0`` needs ``torch==2.14.0`` and cannot be installed on the GPU machine, 0.26.0 can
-but no machine was lent when it was prepared):
-``vllm serve`` end to end with the option above at 1 and 64 concurrent clients (valid outputs,
-throughput vs ``--structured-outputs-config.backend xgrammar`` and guidance); the V2 runner path
+**Run on a GPU** (an H200, ``benchmarks/RESULTS.md``): ``vllm serve`` 0.26.0 with the V1 class at
+1 and 64 concurrent clients beside xgrammar and guidance, every finished output valid
+(``benchmarks/vllm_checks.sh``); without vLLM, the Triton bitmask kernel against xgrammar's, the
+engine (:mod:`grammask.pipeline`) and the HTTP server on CUDA (``benchmarks/gpu_checks.sh``). On
+CUDA the V1 processor compiles the bitmask kernel when it starts (vLLM's JIT monitor saw it
+compile during inference before). **Remains for a GPU machine with vLLM >= 0.33** (it needs
+``torch==2.14.0``, which the lent machine's image cannot take): the V2 runner path
 (``GrammaskLogitsProcessorV2`` reads committed tokens from ``req_states.all_token_ids``; the
-read-back and its ordering under async scheduling are unverified). Done on an H200 without vLLM
-(``benchmarks/gpu_checks.sh``, figures in ``benchmarks/RESULTS.md``): the Triton bitmask kernel
-against xgrammar's, the engine (:mod:`grammask.pipeline`) and the HTTP server on CUDA.
+read-back and its ordering under async scheduling are unverified on a GPU).
 """
 from __future__ import annotations
 
