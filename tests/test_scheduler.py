@@ -324,18 +324,26 @@ async def test_cancel_mid_batch_frees_slot_and_cache():
         await one(k, solo_eng)
     await solo_eng.aclose()
     solo, out = out, {}
-    eng, b = await make(keyed(answers), max_running=4, max_queue=4, backend_kw={"forward_delay": 0.001})
+    # the three first requests running before the victim comes, at 10 ms a step so that the
+    # shortest (~12 tokens) still runs when the victim's first token arrives, even on a loaded
+    # machine (at 1 ms a step and without the wait, ~1 run in 25 under three busy loops on 2 cores
+    # had 3 running, not 4: one finished, or not admitted yet)
+    eng, b = await make(keyed(answers), max_running=4, max_queue=4, backend_kw={"forward_delay": 0.01})
 
     async with anyio.create_task_group() as tg:
         for k in keys:
             tg.start_soon(one, k, eng)
+        with anyio.fail_after(10):
+            while eng.scheduler_stats["running_seqs"] < len(keys):
+                await anyio.sleep(0.001)
         victim = await eng.chat.completions.create(messages=msgs("victim"), temperature=0, stream=True)
-        vseq = eng._requests[victim.request_id].choices[0].seq
+        vreq = eng._requests[victim.request_id]
         n = 0
         async for ch in victim:
             if ch.choices and ch.choices[0].delta.content:
                 n += 1
                 if n == 1:
+                    vseq = vreq.choices[0].seq     # admitted: it has a sequence now
                     # the batch is full (4 running): a fifth request waits for a slot
                     assert eng.scheduler_stats["running_seqs"] == 4
                     tg.start_soon(_late, eng, out)
