@@ -307,13 +307,13 @@ def test_cuda_kernel_compiled_when_the_processor_starts(monkeypatch):
     calls = []
     monkeypatch.setattr(triton_kernel, "warm_up", lambda *a: calls.append(a) or 4)
     cfg = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16, get_vocab_size=lambda: 49152))
-    gv._warm_up_kernel(cfg, torch.device("cpu"))
+    gv._warm_up_kernel(cfg, torch.device("cpu"), 49100)
     gv._warm_up_kernel(cfg, "cpu")
     assert calls == []
-    gv._warm_up_kernel(cfg, torch.device("cuda", 0))
+    gv._warm_up_kernel(cfg, torch.device("cuda", 0), 49100)
     gv._warm_up_kernel(cfg, "cuda:1")
-    assert calls == [(torch.device("cuda", 0), 49152, (torch.float32, torch.bfloat16)),
-                     ("cuda:1", 49152, (torch.float32, torch.bfloat16))]
+    assert calls == [(torch.device("cuda", 0), 49152, (torch.float32, torch.bfloat16), 49100),
+                     ("cuda:1", 49152, (torch.float32, torch.bfloat16), None)]
 
     def boom(*a):
         raise RuntimeError("no kernel")

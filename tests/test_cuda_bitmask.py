@@ -219,7 +219,7 @@ def test_cuda_kernel_compiles_once_per_dtype_whatever_the_batch():
     from grammask.grammar.kernels import triton_kernel as tk
 
     V = 49152
-    assert tk.warm_up("cuda", V, (torch.float32, torch.bfloat16)) == 4
+    assert tk.warm_up("cuda", V, (torch.float32, torch.bfloat16), V) == 4
     before = _compiled_variants(tk._kernel())
     if before is None:
         pytest.skip("this Triton keeps no per-device kernel cache to count")

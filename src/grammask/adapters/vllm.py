@@ -529,9 +529,10 @@ def _setup(vllm_config) -> GrammaskBatch:
     return GrammaskBatch(info, max_rows=vllm_config.scheduler_config.max_num_seqs)
 
 
-def _warm_up_kernel(vllm_config, device) -> None:
+def _warm_up_kernel(vllm_config, device, vocab_size: int | None = None) -> None:
     """Compile the CUDA bitmask kernel for this model's logits now, not at the first requests (V1
-    hands logits processors float32 logits; the model's dtype too, in case)."""
+    hands logits processors float32 logits; the model's dtype too, in case). ``vocab_size``: the
+    tokenizer's, as :meth:`GrammaskBatch.apply` passes it."""
     if getattr(device, "type", str(device).split(":")[0]) != "cuda":
         return
     try:
@@ -541,7 +542,7 @@ def _warm_up_kernel(vllm_config, device) -> None:
 
         dtype = getattr(vllm_config.model_config, "dtype", None)
         dtypes = (torch.float32,) + ((dtype,) if isinstance(dtype, torch.dtype) else ())
-        warm_up(device, vllm_config.model_config.get_vocab_size(), dtypes)
+        warm_up(device, vllm_config.model_config.get_vocab_size(), dtypes, vocab_size)
     except Exception as e:  # noqa: BLE001 - a cold kernel only costs time
         log.warning("grammask: the CUDA bitmask kernel was not compiled ahead: %s", e)
 
@@ -557,7 +558,7 @@ def _build_v1():
         def __init__(self, vllm_config, device, is_pin_memory: bool) -> None:
             self.batch = _setup(vllm_config)
             self.device = device
-            _warm_up_kernel(vllm_config, device)
+            _warm_up_kernel(vllm_config, device, self.batch.info.vocab_size)
 
         def is_argmax_invariant(self) -> bool:
             return False

@@ -124,9 +124,11 @@ def warm_up(device, n_cols: int, dtypes=(torch.float32,), vocab_size: int | None
     """Compile the kernel ahead for logits rows of ``n_cols`` on ``device`` in each of ``dtypes``,
     with and without row indices, so that the first decoding steps do not pay Triton's JIT (a
     server calls this when it starts). Returns the number of launches made: 0 where the Triton
-    path does not apply (no CUDA, no Triton, ``GRAMMASK_DISABLE_TRITON``)."""
+    path does not apply (no CUDA, no Triton, ``GRAMMASK_DISABLE_TRITON``). ``vocab_size``: as the
+    calls to come will pass it (their bitmask has ``ceil(vocab_size / 32)`` words): Triton
+    specialises on its divisibility too."""
     device = torch.device(device)
-    words = (int(n_cols) + 31) // 32
+    words = (int(vocab_size if vocab_size is not None else n_cols) + 31) // 32
     done = 0
     for dtype in dict.fromkeys(dtypes):
         logits = torch.zeros((2, int(n_cols)), dtype=dtype, device=device)
