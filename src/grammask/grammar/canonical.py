@@ -27,6 +27,7 @@ canonical mask is then empty but for what the grammar needs; see :attr:`Canonica
 """
 from __future__ import annotations
 
+import array
 import functools
 import threading
 import time
@@ -161,12 +162,10 @@ class CanonicalTokenizer:
         self._build_lookups()
         # per-token scalars as Python sequences: the per-candidate tests index them one token at a
         # time, where a numpy scalar costs ~10x a bytes/array item
-        import array
-
         self._reach_b = bytes(np.asarray(bpe.reach, bool).astype(np.uint8))
         self._lead_b = bytes((self.kind == 1).astype(np.uint8))
         self._tail_b = bytes(np.asarray(self.tail).astype(np.uint8))
-        self._sig_a = array.array("i", np.asarray(self.sig_of, np.int32).tobytes())
+        self._sig_a = array.array("i", self.sig_of.tolist())
         self._verdicts: OrderedDict = OrderedDict()
         self._bounds: dict = {}
         self._sig_verdicts: dict = {}   # region key -> verdict per signature
@@ -208,19 +207,10 @@ class CanonicalTokenizer:
         region is right after a pre-token boundary (``"``, `` x``, ``\n  ``, ...), so nearly every
         region a request meets first; ~5 ms each in the compiled judge (Llama-3: 397 regions, 1.9 s,
         0.4 MB), loaded from the disk cache after the first build (~4 ms)."""
-        import hashlib
-        from pathlib import Path
-
         from .tokenizer_cache import cached_region_verdicts
 
         reps = sorted({outside_contractions(r) for r, tl in zip(self.sig_rep, self.sig_tail) if not tl} | {""})
-        here = Path(__file__).parent
-        h = hashlib.sha256()
-        for part in (self.spec.split_pattern or "", str(self.fold_case), repr(PROBES), str(_MAX_RUN),
-                     (here / "canonical.py").read_text(), (here / "canonical_split.py").read_text(),
-                     "\0".join(self.sig_rep), bytes(self.sig_tail).hex(), *reps):
-            b = part.encode("utf-8", "surrogatepass")
-            h.update(len(b).to_bytes(8, "little") + b)
+        parts = (self.spec.split_pattern or "", str(self.fold_case), *self.sig_rep, bytes(self.sig_tail).hex(), *reps)
 
         def build() -> dict:
             rows = np.zeros((len(reps), self.n_signatures), np.int8)
@@ -232,7 +222,7 @@ class CanonicalTokenizer:
             np.cumsum([len(e) for e in enc], out=off[1:])
             return {"keys": np.frombuffer(b"".join(enc), np.uint8).copy(), "key_off": off, "verdicts": rows}
 
-        a = cached_region_verdicts(self.info, h.hexdigest(), build)
+        a = cached_region_verdicts(self.info, parts, build)
         data, off, rows = a["keys"].tobytes(), a["key_off"], a["verdicts"]
         if rows.shape != (len(off) - 1, self.n_signatures):
             return

@@ -55,6 +55,8 @@ BPE_CANON_FORMAT = "bpe-canon-1"
 CANON_REGIONS_FORMAT = "canon-regions-1"
 #: the modules whose code decides what the artefacts hold (their text is part of every key)
 SOURCE_MODULES = ("toktrie.py", "slicer.py", "regex.py", "regexset.py", "tokenizer_cache.py")
+#: and those whose code decides the canonical side's region verdicts (their artefact only)
+CANON_SOURCE_MODULES = ("canonical.py", "canonical_split.py")
 #: environment switch: "0", "false", "no" or "off" disables the disk cache
 ENV_SWITCH = "GRAMMASK_DISK_CACHE"
 _OFF = ("0", "false", "no", "off")
@@ -77,13 +79,13 @@ def cache_folder(setting=None) -> Path | None:
     return cache_root(setting) / SUBDIR
 
 
-@functools.lru_cache(maxsize=4)
-def source_fingerprint(folder: Path | None = None) -> str:
-    """sha256 over the text of :data:`SOURCE_MODULES` in ``folder`` (default: this package's folder;
-    a file that cannot be read counts as empty). Read once per process."""
+@functools.lru_cache(maxsize=8)
+def source_fingerprint(folder: Path | None = None, modules: tuple[str, ...] = SOURCE_MODULES) -> str:
+    """sha256 over the text of ``modules`` (default :data:`SOURCE_MODULES`) in ``folder`` (default:
+    this package's folder; a file that cannot be read counts as empty). Read once per process."""
     here = Path(__file__).resolve().parent if folder is None else Path(folder)
     h = hashlib.sha256()
-    for name in SOURCE_MODULES:
+    for name in modules:
         try:
             data = (here / name).read_bytes()
         except OSError:
@@ -101,14 +103,19 @@ def _grammask_version() -> str:
         return "?"
 
 
-def artefact_key(tokenizer_info, kind: str, fmt: str, extra: str = "") -> str:
-    """Hex sha256 key of one artefact of ``tokenizer_info`` (see the module docstring)."""
+def parts_digest(parts) -> str:
+    """Hex sha256 of a sequence of strings, each length-prefixed (no two sequences collide)."""
     h = hashlib.sha256()
-    for part in (f"grammask-tokenizer-cache-{FORMAT}", kind, fmt, _grammask_version(), source_fingerprint(),
-                 extra, tokenizer_info.cache_key):
-        b = part.encode("utf-8")
+    for part in parts:
+        b = part.encode("utf-8", "surrogatepass")
         h.update(len(b).to_bytes(8, "little") + b)
     return h.hexdigest()
+
+
+def artefact_key(tokenizer_info, kind: str, fmt: str, extra: str = "") -> str:
+    """Hex sha256 key of one artefact of ``tokenizer_info`` (see the module docstring)."""
+    return parts_digest((f"grammask-tokenizer-cache-{FORMAT}", kind, fmt, _grammask_version(), source_fingerprint(),
+                         extra, tokenizer_info.cache_key))
 
 
 def artefact_file(tokenizer_info, kind: str, fmt: str, extra: str = "", setting=None) -> tuple[Path, str] | None:
@@ -312,10 +319,12 @@ def cached_bpe_canon(tokenizer_info, spec):
                          lambda b: b.to_arrays(), lambda a: BpeCanon(a, tokenizer_info.vocab_size))
 
 
-def cached_region_verdicts(tokenizer_info, extra: str, build: Callable[[], dict[str, np.ndarray]]):
+def cached_region_verdicts(tokenizer_info, parts, build: Callable[[], dict[str, np.ndarray]]):
     """The canonical side's verdicts of its common pre-token regions
     (:meth:`~.canonical.CanonicalTokenizer._base_regions`), from the disk cache when there.
-    ``extra``: what besides the tokenizer decides them (the split pattern, the judging code)."""
+    ``parts`` (strings): what besides the tokenizer and the judging code
+    (:data:`CANON_SOURCE_MODULES`) decides them: the split pattern, the signatures, the regions."""
+    extra = parts_digest((source_fingerprint(None, CANON_SOURCE_MODULES), *parts))
     setting = getattr(tokenizer_info, "disk_cache", None)
     where = artefact_file(tokenizer_info, "canonregions", CANON_REGIONS_FORMAT, extra, setting)
     return load_or_build(where, build, lambda a: a, lambda a: a)
@@ -324,6 +333,7 @@ def cached_region_verdicts(tokenizer_info, extra: str, build: Callable[[], dict[
 __all__ = [
     "BPE_CANON_FORMAT",
     "CANON_REGIONS_FORMAT",
+    "CANON_SOURCE_MODULES",
     "ENV_SWITCH",
     "FOREST_FORMAT",
     "FORMAT",
