@@ -16,7 +16,8 @@
 #                    which vLLM imports while validating any structured-output request)
 #
 #   call 1 (carry .vp1): park; copy src to /root/gm-src and compile grammask's Numba kernels there
-#            in the background (setsid: it outlives the call), so call 3's engine does not
+#            in the background (setsid: it outlives the call), so call 3's engine does not; run the
+#            CUDA bitmask tests meanwhile (their log comes back from call 3)
 #   call 2 (carry .vp2): park
 #   call 3 (carry .vp3): install, join and unpack, convert the GGUF to a bf16 safetensors folder
 #            with transformers, then benchmarks/vllm_serve.py (grammask, xgrammar, guidance, and
@@ -40,6 +41,9 @@ if [ "$stage" = 1 ]; then
   python3 -c "import torch, triton, transformers, numba; print(torch.__version__, triton.__version__, transformers.__version__, numba.__version__)"
   (cd /root && PYTHONPATH=/root/gm-src:/tmp/site setsid nohup timeout 400 python3 -m pytest -q -x -p no:cacheprovider \
      gm-tests/test_bruteforce_masks.py gm-tests/test_json_schema.py gm-tests/test_adapter_vllm.py >/root/warmup.log 2>&1 &)
+  # the CUDA bitmask tests (the kernel compiled once per dtype whatever the batch size), meanwhile
+  (cd /root && PYTHONPATH=/root/gm-src:/tmp/site setsid nohup timeout 300 python3 -m pytest -q -p no:cacheprovider -rs \
+     gm-tests/test_cuda_bitmask.py >/root/cudatests.log 2>&1 &)
   sleep 2; ls -la $P; echo "stage 1 parked"
 elif [ "$stage" = 2 ]; then
   cp .vp2/g.a $P/ || exit 3
@@ -68,5 +72,6 @@ EOF
   timeout 420 python3 benchmarks/vllm_serve.py --model /root/smol --clients 1,64 --log-dir "$OUT" \
     --out "$OUT/vllm_serve.md" 2>&1 | grep -v "^\[.*\] clients=" ; echo "vllm_serve rc=${PIPESTATUS[0]}"
   python3 -c "from importlib.metadata import version as v; print(*(f'{n} {v(n)}' for n in ('vllm','torch','xgrammar','llguidance','transformers')))"
+  cp /root/warmup.log /root/cudatests.log "$OUT"/ 2>/dev/null; tail -4 /root/cudatests.log
 fi
 date

@@ -168,6 +168,9 @@ def launch(backend: str, model: str, port: int, args, log_dir: Path) -> subproce
            "--port", str(port), "--served-model-name", "m", "--seed", "0", "--enforce-eager",
            "--gpu-memory-utilization", str(args.gpu_mem), "--max-num-seqs", str(args.max_num_seqs),
            "--max-model-len", str(args.max_model_len)]
+    if args.kv_cache_bytes:  # a fixed KV cache: the servers start together, and vLLM's memory
+        # profiling counts the others' allocations as its own (one server got -0.49 GiB on the H200)
+        cmd += ["--kv-cache-memory-bytes", str(args.kv_cache_bytes)]
     if backend == "grammask":
         cmd += ["--logits-processors", LOGITS_PROCESSOR]
     else:
@@ -256,6 +259,8 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--temperature", type=float, default=0.8)
     ap.add_argument("--gpu-mem", type=float, default=0.25)
+    ap.add_argument("--kv-cache-bytes", type=int, default=4 << 30,
+                    help="KV cache per server (0: sized by --gpu-mem and vLLM's memory profiling)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--port-base", type=int, default=8100)
