@@ -81,7 +81,7 @@ the GPU machine in pieces and run ``benchmarks/vllm_serve.py`` there.
 (``benchmarks/vllm_checks.sh``); without vLLM, the Triton bitmask kernel against xgrammar's, the
 engine (:mod:`grammask.pipeline`) and the HTTP server on CUDA (``benchmarks/gpu_checks.sh``). On
 CUDA the V1 processor compiles the bitmask kernel when it starts (vLLM's JIT monitor saw it
-compile during inference before). **Remains for a GPU machine with vLLM >= 0.33** (it needs
+compile during inference before; it no longer does). **Remains for a GPU machine with vLLM >= 0.33** (it needs
 ``torch==2.14.0``, which the lent machine's image cannot take): the V2 runner path
 (``GrammaskLogitsProcessorV2`` reads committed tokens from ``req_states.all_token_ids``; the
 read-back and its ordering under async scheduling are unverified on a GPU).
