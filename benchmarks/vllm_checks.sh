@@ -69,7 +69,7 @@ m.save_pretrained("/root/smol"); tok.save_pretrained("/root/smol")
 print(f"converted in {time.time() - t:.1f} s; chat template: {tok.chat_template is not None}")
 import vllm; print("vllm", vllm.__version__)
 EOF
-  timeout 420 python3 benchmarks/vllm_serve.py --model /root/smol --clients 1,64 --log-dir "$OUT" \
+  timeout 300 python3 benchmarks/vllm_serve.py --model /root/smol --clients 1,64 --log-dir "$OUT" \
     --out "$OUT/vllm_serve.md" 2>&1 | grep -v "^\[.*\] clients=" ; echo "vllm_serve rc=${PIPESTATUS[0]}"
   python3 -c "from importlib.metadata import version as v; print(*(f'{n} {v(n)}' for n in ('vllm','torch','xgrammar','llguidance','transformers')))"
   cp /root/warmup.log /root/cudatests.log "$OUT"/ 2>/dev/null; tail -4 /root/cudatests.log

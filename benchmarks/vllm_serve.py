@@ -14,12 +14,17 @@ Every server runs the same model runner (``VLLM_USE_V2_MODEL_RUNNER=0``: vLLM's 
 not take custom logits processors, so grammask runs on V1, and so do the others here, so the
 backend is the only difference) and ``--enforce-eager`` (no graph capture: a fast start).
 
-Requests (``openai`` client, chat completions, not streamed), in turn by kind:
+Requests (``openai`` client, chat completions), in turn by kind:
 ``json_schema`` (``response_format`` strict json_schema, 4 schemas), ``regex`` and ``grammar``
 (``structured_outputs`` in the request body, vLLM's field). Each output is checked: the JSON
 parsed and validated with ``jsonschema``, the regex with ``re.fullmatch``, the grammar with a
 recursive-descent recogniser written here. An output cut by ``max_tokens`` (finish reason
 ``length``) is counted as ``cut`` and not checked. ``invalid`` must be 0.
+
+Each level runs twice: not streamed (wall time, requests and tokens per second, latency), then the
+same requests streamed, for each request's time to its first token and time per output token after
+it (TPOT). Backends whose outputs differ in length (a grammar that lets the model stop sooner
+finishes the same requests with fewer tokens) compare on TPOT, not on tokens per second.
 
     python benchmarks/vllm_serve.py --model /root/smol --clients 1,64 --out vllm_serve.md
 """
@@ -190,14 +195,37 @@ def healthy(port: int) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------- load
+async def _complete(client, kwargs: dict, stream: bool, t0: float):
+    """One chat completion: (text, finish reason, completion tokens, time to the first content
+    chunk or None). Streamed, the text is the deltas joined and the usage comes in the last chunk."""
+    if not stream:
+        r = await client.chat.completions.create(**kwargs)
+        choice = r.choices[0]
+        return choice.message.content or "", choice.finish_reason, r.usage.completion_tokens if r.usage else 0, None
+    parts, finish, n_tok, first = [], None, 0, None
+    it = await client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True})
+    async for ch in it:
+        if ch.usage is not None:
+            n_tok = ch.usage.completion_tokens
+        for c in ch.choices:
+            if c.delta is not None and c.delta.content:
+                if first is None:
+                    first = time.perf_counter() - t0
+                parts.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    return "".join(parts), finish, n_tok, first
+
+
 async def run_level(port: int, n_clients: int, n_requests: int, constrained: bool, max_tokens: int,
-                    temperature: float) -> dict:
+                    temperature: float, stream: bool = False) -> dict:
     import openai
 
     client = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="x", max_retries=0,
                                 timeout=300)
     todo = list(range(n_requests))
     lat, toks = [], 0
+    ttft, tpot = [], []   # streamed: time to the first token; per output token after it
     stats = {"ok": 0, "invalid": 0, "cut": 0, "errors": 0}
     cut_kinds = {k: 0 for k in KINDS}
     examples: list[str] = []
@@ -210,39 +238,47 @@ async def run_level(port: int, n_clients: int, n_requests: int, constrained: boo
             kind = KINDS[i % len(KINDS)]
             t0 = time.perf_counter()
             try:
-                r = await client.chat.completions.create(
-                    model="m", max_tokens=max_tokens, temperature=temperature, seed=i,
-                    **request(kind, i // len(KINDS), constrained))
+                text, finish, n_tok, first = await _complete(
+                    client, dict(model="m", max_tokens=max_tokens, temperature=temperature, seed=i,
+                                 **request(kind, i // len(KINDS), constrained)), stream, t0)
             except Exception as e:  # noqa: BLE001
                 stats["errors"] += 1
                 if len(examples) < 4:
                     examples.append(f"{kind}: error {type(e).__name__}: {str(e)[:200]}")
                 continue
             lat.append(time.perf_counter() - t0)
-            toks += r.usage.completion_tokens if r.usage else 0
-            choice = r.choices[0]
-            if choice.finish_reason == "length":
+            toks += n_tok
+            if first is not None:
+                ttft.append(first)
+                if n_tok > 1:
+                    tpot.append((lat[-1] - first) / (n_tok - 1))
+            if finish == "length":
                 stats["cut"] += 1
                 cut_kinds[kind] += 1
-                cut_examples.setdefault(kind, f"{kind}: cut: {choice.message.content!r:.160}")
+                cut_examples.setdefault(kind, f"{kind}: cut: {text!r:.160}")
                 continue
             if not constrained:
                 stats["ok"] += 1
                 continue
-            why = check(kind, i // len(KINDS), choice.message.content or "")
+            why = check(kind, i // len(KINDS), text)
             if why is None:
                 stats["ok"] += 1
             else:
                 stats["invalid"] += 1
                 if len(examples) < 4:
-                    examples.append(f"{kind}: {why}: {choice.message.content!r:.200}")
+                    examples.append(f"{kind}: {why}: {text!r:.200}")
 
     t0 = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(n_clients)))
     wall = time.perf_counter() - t0
     await client.close()
     lat.sort()
-    return {**stats, "cut_kinds": "/".join(str(cut_kinds[k]) for k in KINDS),
+    ttft.sort()
+    tpot.sort()
+    nan = float("nan")
+    return {"ttft_p50": percentile(ttft, 50) if ttft else nan,
+            "tpot_p50": percentile(tpot, 50) if tpot else nan, "tpot_p99": percentile(tpot, 99) if tpot else nan,
+            **stats, "cut_kinds": "/".join(str(cut_kinds[k]) for k in KINDS),
             "cut_examples": list(cut_examples.values()), "tok_req": toks / max(1, len(lat)),
             "wall": wall, "req_s": len(lat) / wall, "tok_s": toks / wall, "tokens": toks,
             "p50": percentile(lat, 50) if lat else float("nan"),
@@ -262,6 +298,8 @@ def main(argv=None) -> int:
     ap.add_argument("--kv-cache-bytes", type=int, default=4 << 30,
                     help="KV cache per server (0: sized by --gpu-mem and vLLM's memory profiling)")
     ap.add_argument("--max-num-seqs", type=int, default=64)
+    ap.add_argument("--no-stream", dest="stream", action="store_false",
+                    help="skip the streamed pass (time to first token, time per output token)")
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--port-base", type=int, default=8100)
     ap.add_argument("--start-timeout", type=float, default=240)
@@ -293,7 +331,7 @@ def main(argv=None) -> int:
     ref = next((b for b in ("xgrammar", "guidance", "grammask") if b in up), None)
     if ref is not None:
         runs.append((ref, False))
-    rows, notes, cuts = [], [], []
+    rows, srows, notes, cuts = [], [], [], []
     try:
         for b, _ in runs:  # warm-up: one unconstrained and one request of each kind, not timed
             asyncio.run(run_level(ports[b], 1, 1, False, 8, args.temperature))
@@ -310,6 +348,16 @@ def main(argv=None) -> int:
                              fmt(r["p50"], 3), fmt(r["p99"], 3)])
                 notes += [f"{name}, {n} clients: {e}" for e in r["examples"]]
                 cuts += [f"{name}, {n} clients: {e}" for e in r["cut_examples"]]
+            if args.stream:   # the same requests streamed: per-token latency, whatever the lengths
+                for b, constrained in runs:
+                    r = asyncio.run(run_level(ports[b], n, n_req, constrained, args.max_tokens,
+                                              args.temperature, stream=True))
+                    name = b if constrained else f"unconstrained (on the {b} server)"
+                    print(f"[{name}] clients={n} streamed: {r}", flush=True)
+                    srows.append([name, n, r["ok"], r["invalid"], r["cut"], r["errors"], fmt(r["tok_req"], 1),
+                                  fmt(r["ttft_p50"] * 1e3, 1), fmt(r["tpot_p50"] * 1e3, 2),
+                                  fmt(r["tpot_p99"] * 1e3, 2), fmt(r["tok_s"], 0)])
+                    notes += [f"{name}, {n} clients, streamed: {e}" for e in r["examples"]]
     finally:
         for p in procs.values():
             try:
@@ -322,6 +370,13 @@ def main(argv=None) -> int:
     report = (f"{table}\n\nServers healthy after: {start}. Requests per level: "
               f"{args.requests or 'max(9, 3 x clients)'}, in turn json_schema / regex / grammar, "
               f"max_tokens {args.max_tokens}, temperature {args.temperature}.\n")
+    if srows:
+        report += ("\nStreamed (the same requests again, `stream=True`): time to the first token, and time "
+                   "per output token after it (TPOT: the request's time after its first token over its "
+                   "other tokens), per request; a like-for-like step cost whatever each backend's output "
+                   "lengths.\n\n" + md_table(["backend", "clients", "ok", "invalid", "cut", "errors",
+                                               "tok/req", "TTFT p50 ms", "TPOT p50 ms", "TPOT p99 ms",
+                                               "tok/s"], srows) + "\n")
     if notes:
         report += "\nExamples of failures:\n" + "\n".join(f"- {x}" for x in notes) + "\n"
     if cuts:
