@@ -70,8 +70,9 @@ MAX_DFA_STATES = 4096
 MAX_CHECK_PAIRS = 50_000
 #: time allowed to the containment proofs of one lexer state (all its slices together); an
 #: unfinished proof answers "not contained": the kernel then walks that slice's tokens (0.25 s
-#: until 2026-11: the slowest masks of MaskBench were proofs running out of it; docs/slicer.md)
-STATE_PROOF_SECONDS = 0.03
+#: until 2026-11, then 0.03 s: the slowest masks of MaskBench were proofs running out of it;
+#: docs/slicer.md)
+STATE_PROOF_SECONDS = 0.01
 
 #: the forest as the mask kernel reads it (see :class:`SliceForest`)
 ForestArrays = namedtuple("ForestArrays", "node_byte node_depth node_end node_tok seg_start seg_end "
