@@ -464,6 +464,38 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
+class _JitCounter:
+    """Numba compilations in the worker after its warm-up. A kernel compiled while a schema runs
+    is inside its timings (seconds, against microseconds): after an edit to a module with kernels,
+    Numba's cache of that module is stale until some run has compiled it again. The report says how
+    many there were, so that such a run is seen and run again, not read."""
+
+    def __init__(self):
+        self.n = 0
+
+    @classmethod
+    def install(cls):
+        try:
+            from numba.core import event
+        except ImportError:  # pragma: no cover - numba is a dependency of grammask
+            return None
+        self = cls()
+
+        class _Listener(event.Listener):
+            def on_start(self_, ev):
+                self.n += 1
+
+            def on_end(self_, ev):
+                pass
+
+        event.register("numba:compile", _Listener())
+        return self
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
+
+
 def worker(name: str, tok_path: str, conn, gc_freeze: bool = True) -> None:
     from grammask.pipeline.gc_heap import FullCollectionTimer, freeze_gc_heap
 
@@ -475,6 +507,7 @@ def worker(name: str, tok_path: str, conn, gc_freeze: bool = True) -> None:
         return
     if gc_freeze:
         freeze_gc_heap()   # as a server after its start (grammask serve, vLLM): see pipeline/gc_heap.py
+    jit = _JitCounter.install()
     conn.send(("ready", _peak_rss_mib()))
     while True:
         msg = conn.recv()
@@ -490,6 +523,7 @@ def worker(name: str, tok_path: str, conn, gc_freeze: bool = True) -> None:
                    "tbm_us": [], "tests": []}
         res["peak_rss_mib"] = _peak_rss_mib()
         res["gc_pauses_ms"] = [p * 1e3 for p in timer.pauses]
+        res["jit_compiles"] = jit.take() if jit is not None else 0
         conn.send(("result", res))
 
 
@@ -591,6 +625,8 @@ def summarize(name: str, results: list[dict], splits: list[str], ids: list[str] 
             last = r["peak_rss_mib"]
     s["rss_rises"] = sorted(rises, reverse=True)[:3]
     s["gc_pauses_ms"] = sorted(p for r in results for p in r.get("gc_pauses_ms", ()))
+    s["jit"] = sorted(((r["jit_compiles"], sid) for r, sid in zip(results, ids or [""] * len(results))
+                       if r.get("jit_compiles")), reverse=True)
     # the schemas of the slowest masks (each schema once)
     s["worst"] = sorted(((max(r["tbm_us"]), sid) for r, sid in zip(results, ids or [""] * len(results))
                          if r["tbm_us"]), reverse=True)[:6]
@@ -677,6 +713,12 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
               "Pauses are timed over each schema's compile, masks and key-order searches; one that falls "
               "inside a timed mask is part of that mask's time.", "",
               md_table(["engine", "collections", "total (s)", "p50 (ms)", "longest (ms)", "over 50 ms"], rows), ""]
+    for s in summaries:
+        if s.get("jit"):
+            lines += [f"**{s['engine']}: {sum(n for n, _ in s['jit'])} Numba compilations while schemas ran** "
+                      f"(in {len(s['jit'])} schemas, first {', '.join(sid for _, sid in s['jit'][:4])}): "
+                      "a stale kernel cache (a module with kernels edited since the last run); those "
+                      "timings include the compilations: run again.", ""]
     base = {s["engine"]: s for s in summaries}
     if "grammask" in base and len(base) > 1:
         g = base["grammask"]

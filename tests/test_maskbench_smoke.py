@@ -74,3 +74,29 @@ def test_sourcery_yaml_schema_masks_every_test(llama3_engine):
     res = run_schema(engine, rec["schema"], toks)
     assert res["compile_error"] is None and res.get("mask_error") is None, res
     assert any(v for v, _ in res["tests"]) and all(v == a for v, a in res["tests"]), res["tests"]
+
+
+def test_numba_compilations_while_timing_are_counted_and_reported():
+    """A kernel compiled inside a timed schema (a stale Numba cache after an edit) is counted by the
+    worker and named in the report, so that run is not read as the engine's speed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from types import SimpleNamespace
+
+    import numba
+    from maskbench import _JitCounter, report, summarize
+
+    jit = _JitCounter.install()
+
+    @numba.njit
+    def fresh_kernel(x):
+        return x * 3 + 1
+
+    assert fresh_kernel(2) == 7 and jit.take() == 1 and jit.take() == 0
+    base = {"compile_error": None, "ttfm_us": 1000.0, "tbm_us": [10.0, 12.0], "tbm_warm_us": [9.0],
+            "tests": [(True, True)], "peak_rss_mib": 100.0, "gc_pauses_ms": []}
+    quiet = summarize("grammask", [dict(base, jit_compiles=0)] * 2, ["a", "a"], ["s1", "s2"])
+    stale = summarize("grammask", [dict(base, jit_compiles=0), dict(base, jit_compiles=3)], ["a", "a"], ["s1", "s2"])
+    args = SimpleNamespace(data="d", every=1, timeout=30.0, ids=None, no_gc_freeze=False)
+    assert "Numba compilations" not in report([quiet], args, 2, 1.0)
+    text = report([stale], args, 2, 1.0)
+    assert "3 Numba compilations while schemas ran" in text and "s2" in text
