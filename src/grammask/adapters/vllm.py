@@ -78,11 +78,12 @@ the GPU machine in pieces and run ``benchmarks/vllm_serve.py`` there.
 
 **Run on a GPU** (an H200, ``benchmarks/RESULTS.md``): ``vllm serve`` 0.26.0 with the V1 class at
 1 and 64 concurrent clients beside xgrammar and guidance, every finished output valid, and at 64
-clients the lowest time per output token of the three (``benchmarks/vllm_checks.sh``); without vLLM, the Triton bitmask kernel against xgrammar's, the
-engine (:mod:`grammask.pipeline`) and the HTTP server on CUDA (``benchmarks/gpu_checks.sh``). On
-CUDA the V1 processor compiles the bitmask kernel when it starts (vLLM's JIT monitor saw it
-compile during inference before; it no longer does). **Remains for a GPU machine with vLLM >= 0.33** (it needs
-``torch==2.14.0``, which the lent machine's image cannot take): the V2 runner path
+clients the lowest time per output token of the three (``benchmarks/vllm_checks.sh``); without
+vLLM, the Triton bitmask kernel against xgrammar's, the engine (:mod:`grammask.pipeline`) and the
+HTTP server on CUDA (``benchmarks/gpu_checks.sh``). On CUDA the V1 processor compiles the bitmask
+kernel when it starts (vLLM's JIT monitor saw it compile during inference before; it no longer
+does). **Remains for a GPU machine with vLLM >= 0.33** (it needs ``torch==2.14.0``, which the lent
+machine's image cannot take): the V2 runner path
 (``GrammaskLogitsProcessorV2`` reads committed tokens from ``req_states.all_token_ids``; the
 read-back and its ordering under async scheduling are unverified on a GPU).
 """
