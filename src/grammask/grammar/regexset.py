@@ -518,7 +518,10 @@ class ExprSet:
                         return None
                     j = states[t] = len(order)
                     order.append(t)
-                row[[b for b in range(256) if (m >> b) & 1]] = j
+                # the byte set's 256 bits as a boolean index (a Python loop over the bytes took
+                # ~20 us a transition: 9 ms of a Unicode letter class's DFA)
+                row[np.unpackbits(np.frombuffer(m.to_bytes(32, "little"), np.uint8), bitorder="little")
+                    .view(np.bool_)] = j
             rows.append(row)
         return np.stack(rows), np.array([self.nullable(x) for x in order], dtype=np.bool_)
 
