@@ -708,3 +708,32 @@ def test_bit_scans_of_the_compiled_expansion_match_python():
         b = rng.choice([0, 62, 63, 64, 127, 191, 254, 255, rng.randrange(256)])
         words = [np.uint64(m >> (64 * k) & (2 ** 64 - 1)) for k in range(4)]
         assert scan(*words, b) == next((i for i in range(b + 1, 256) if m >> i & 1), 256), (hex(m), b)
+
+
+@pytest.mark.parametrize("pattern", [r'[^"\\\x00-\x1F\x7F]*', r'(\S+\s+){0,4}\S+', r'[A-Za-z\u00e0-\u00ff]{1,5}',
+                                     r'[0-9]{2}-[a-f]+|x'])
+def test_dense_dfa_equals_the_derivatives_byte_by_byte(pattern):
+    """``dense_dfa`` against the derivative by every byte (an oracle that shares only ``deriv``,
+    ``alive`` and ``nullable`` with it): following the table from state 0, each state stands for
+    one expression, the derivative of its predecessor's, dead exactly where the derivative is."""
+    ex = ExprSet()
+    e = parse_regex(pattern, ex)
+    table, accept = ex.dense_dfa(e, 4096)
+    expr = {0: e}
+    todo = [0]
+    while todo:
+        i = todo.pop()
+        assert accept[i] == ex.nullable(expr[i])
+        for b in range(256):
+            d = ex.deriv(expr[i], b)
+            j = int(table[i, b])
+            if j < 0:
+                assert not ex.alive(d), (i, b)
+            elif j in expr:
+                assert expr[j] == d, (i, b)
+            else:
+                expr[j] = d
+                todo.append(j)
+    assert sorted(expr) == list(range(table.shape[0]))
+    assert len(set(expr.values())) == table.shape[0]
+    assert ex.dense_dfa(e, 2) is None
