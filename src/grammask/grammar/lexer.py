@@ -44,12 +44,11 @@ from . import lexdfa, rowstore
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
-from .regexset import ExprSet, pack_ids
+from .regexset import ExprSet, mask_bytes, pack_ids
 
 DEAD = -1
 UNKNOWN = lexdfa.UNKNOWN   # -2
 ALL_BYTES = (1 << 256) - 1
-_MASK_BYTES: dict[int, np.ndarray] = {}
 _eager_expand_rows = FastCall(rowstore.eager_expand_rows)
 _intern_members = FastCall(intern_members)
 _fill_stored_rows = FastCall(rowstore.fill_stored_rows)
@@ -106,23 +105,13 @@ def _moves(exprs: ExprSet, key: tuple[int, ...]):
                     tgt.append((j, t))
                     break
         if tgt:
-            cls[_mask_bytes(p)] = len(targets)
+            cls[mask_bytes(p)] = len(targets)
             targets.append(tuple(tgt))
     return cls, tuple(targets)  # tuples: the cache is left alone by the garbage collector
 
 
 def _second(pair):
     return pair[1]
-
-
-def _mask_bytes(m: int) -> np.ndarray:
-    """The bytes of a 256-bit mask as an index array (cached)."""
-    r = _MASK_BYTES.get(m)
-    if r is None:
-        r = np.array([b for b in range(256) if (m >> b) & 1], dtype=np.intp)
-        if len(_MASK_BYTES) < 100_000:
-            _MASK_BYTES[m] = r
-    return r
 
 
 @njit(nogil=True, cache=True)

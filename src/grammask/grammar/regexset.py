@@ -103,6 +103,22 @@ def _counts_decide(least: int, bits: int, lo: int, hi: int) -> int:
     return -1 if hi >= 62 and bits & ns.BITS_OVER else 0
 
 
+_MASK_BYTES: dict[int, np.ndarray] = {}
+
+
+def mask_bytes(m: int) -> np.ndarray:
+    """The bytes of a 256-bit byte set ``m`` as an index array, increasing (cached: the sets of a
+    grammar's classes recur; read-only)."""
+    r = _MASK_BYTES.get(m)
+    if r is None:
+        bits = np.unpackbits(np.frombuffer(m.to_bytes(32, "little"), np.uint8), bitorder="little")
+        r = np.flatnonzero(bits)
+        r.flags.writeable = False
+        if len(_MASK_BYTES) < 100_000:
+            _MASK_BYTES[m] = r
+    return r
+
+
 def pack_ids(xs) -> int:
     """One int naming a sequence of ints below 2**32 (its length, then each in 32 bits)."""
     k = len(xs)
@@ -518,10 +534,7 @@ class ExprSet:
                         return None
                     j = states[t] = len(order)
                     order.append(t)
-                # the byte set's 256 bits as a boolean index (a Python loop over the bytes took
-                # ~20 us a transition: 9 ms of a Unicode letter class's DFA)
-                row[np.unpackbits(np.frombuffer(m.to_bytes(32, "little"), np.uint8), bitorder="little")
-                    .view(np.bool_)] = j
+                row[mask_bytes(m)] = j
             rows.append(row)
         return np.stack(rows), np.array([self.nullable(x) for x in order], dtype=np.bool_)
 

@@ -35,7 +35,7 @@ from .kstruct import kstruct
 from .lexer import DEAD
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
-from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet
+from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, mask_bytes
 from .toktrie import TokTrie
 
 #: a slice of tokens that end inside a UTF-8 character: plain string characters, then a proper
@@ -315,8 +315,7 @@ def _first_table(ex: ExprSet, exprs: list[int]) -> np.ndarray:
     """``[k, b]``: the strings of ``exprs[k]`` can begin with byte ``b``."""
     t = np.zeros((len(exprs), 256), np.bool_)
     for k, e in enumerate(exprs):
-        m = ex.first_bytes(e)
-        t[k] = [m >> b & 1 for b in range(256)]
+        t[k, mask_bytes(ex.first_bytes(e))] = True
     return t
 
 
