@@ -475,10 +475,8 @@ class _JitCounter:
 
     @classmethod
     def install(cls):
-        try:
-            from numba.core import event
-        except ImportError:  # pragma: no cover - numba is a dependency of grammask
-            return None
+        from numba.core import event
+
         self = cls()
 
         class _Listener(event.Listener):
@@ -523,7 +521,7 @@ def worker(name: str, tok_path: str, conn, gc_freeze: bool = True) -> None:
                    "tbm_us": [], "tests": []}
         res["peak_rss_mib"] = _peak_rss_mib()
         res["gc_pauses_ms"] = [p * 1e3 for p in timer.pauses]
-        res["jit_compiles"] = jit.take() if jit is not None else 0
+        res["jit_compiles"] = jit.take()
         conn.send(("result", res))
 
 

@@ -285,6 +285,10 @@ async def run_level(port: int, n_clients: int, n_requests: int, constrained: boo
             "p99": percentile(lat, 99) if lat else float("nan"), "examples": examples}
 
 
+def _label(backend: str, constrained: bool) -> str:
+    return backend if constrained else f"unconstrained (on the {backend} server)"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True, help="a Hugging Face model folder")
@@ -341,7 +345,7 @@ def main(argv=None) -> int:
             for b, constrained in runs:
                 r = asyncio.run(run_level(ports[b], n, n_req, constrained, args.max_tokens,
                                           args.temperature))
-                name = b if constrained else f"unconstrained (on the {b} server)"
+                name = _label(b, constrained)
                 print(f"[{name}] clients={n}: {r}", flush=True)
                 rows.append([name, n, r["ok"], r["invalid"], r["cut"], r["cut_kinds"], r["errors"],
                              fmt(r["wall"], 1), fmt(r["req_s"], 2), fmt(r["tok_req"], 1), fmt(r["tok_s"], 0),
@@ -352,7 +356,7 @@ def main(argv=None) -> int:
                 for b, constrained in runs:
                     r = asyncio.run(run_level(ports[b], n, n_req, constrained, args.max_tokens,
                                               args.temperature, stream=True))
-                    name = b if constrained else f"unconstrained (on the {b} server)"
+                    name = _label(b, constrained)
                     print(f"[{name}] clients={n} streamed: {r}", flush=True)
                     srows.append([name, n, r["ok"], r["invalid"], r["cut"], r["errors"], fmt(r["tok_req"], 1),
                                   fmt(r["ttft_p50"] * 1e3, 1), fmt(r["tpot_p50"] * 1e3, 2),
