@@ -130,7 +130,9 @@ LexemeDFAs = namedtuple("LexemeDFAs", "g_next g_null g_lex g_done g_expr g_keys 
 
 
 def new_dfas(cap: int) -> LexemeDFAs:
-    return kstruct(LexemeDFAs(np.full(cap * 256, -1, np.int32), np.zeros(cap, np.bool_),
+    # ``g_next`` is not filled: a row is read only once written whole (``g_done``), as in
+    # :func:`grow_dfas`, so the capacity is address space until DFA states use it
+    return kstruct(LexemeDFAs(np.empty(cap * 256, np.int32), np.zeros(cap, np.bool_),
                               np.zeros(cap, np.int32), np.zeros(cap, np.bool_), np.zeros(cap, np.int64),
                               np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64), np.zeros((cap, 4), np.uint64)))
 
@@ -230,7 +232,10 @@ def g_intern(X, expr, lx, null):
 
 
 def new_store(cap_states: int, cap_mem: int, cap_acc: int) -> ExpandStore:
-    q = 2 * cap_states + 16
+    # the queue's room for the seeds of a call besides its states (:meth:`.Lexer._reserve` asks
+    # for ``2 * cap + 16 + n_new``, a chain expansion for its 256-state frontier plus 16):
+    # without it the first call of every lexer regrows it
+    q = 2 * cap_states + 16 + 256
     return kstruct(ExpandStore(np.zeros(cap_states + 1, np.int64), np.zeros(cap_mem, np.int32),
                                np.full(2 * cap_states, -1, np.int32), np.full(2 * cap_acc, -1, np.int32),
                                np.zeros(q, np.int32), np.zeros(q, np.int32), np.zeros(1024, np.int32),

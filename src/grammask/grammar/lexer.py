@@ -251,7 +251,9 @@ class Lexer:
     # ---------------------------------------------------------------- compiled expansion
     def _init_compiled(self, cap: int) -> None:
         """The arrays of the compiled expansion (see :mod:`.lexdfa`)."""
-        self._X = lexdfa.new_dfas(64)
+        # room for the free rows a first expansion may add (:meth:`_fill_rows` reserves them):
+        # a smaller table is regrown at once, on every grammar's first expansion
+        self._X = lexdfa.new_dfas(2 * EAGER_FREE_ROWS)
         self._g0 = [-1] * len(self.lexemes)   # the DFA state of each lexeme's start
         self._D = lexdfa.new_store(cap, 8 * cap, 64)
         self.acc_off = np.zeros(65, dtype=np.int32)
