@@ -182,10 +182,13 @@ class CompiledGrammar:
                 # one start state per distinct set (a walk meets the same set at many nodes), and
                 # expanded in this round: the walk reads a byte from it next, so leaving it for
                 # the next round would cost a whole trie walk for nothing
-                off = M.start_off.tolist()
-                lex = M.start_lex[: off[cnt[1]]].tolist()
-                for k in {tuple(lex[off[i]:off[i + 1]]) for i in range(cnt[1])}:
-                    todo.add(lx.start_state(k))
+                if lx.eager:
+                    todo.update(lx.start_states(M).tolist())   # all the sets in one compiled call
+                else:
+                    off = M.start_off.tolist()
+                    lex = M.start_lex[: off[cnt[1]]].tolist()
+                    for k in {tuple(lex[off[i]:off[i + 1]]) for i in range(cnt[1])}:
+                        todo.add(lx.start_state(k))
             if todo:
                 lx.expand_many(sorted(todo), lx.resolve_budget)
             if cnt[3]:

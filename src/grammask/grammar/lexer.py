@@ -142,6 +142,53 @@ def lookup_start(st_keys: np.ndarray, st_vals: np.ndarray, key: np.int64) -> np.
         j = (j + 1) & mask
 
 
+@njit(nogil=True, cache=True)
+def _put_start(st_keys, st_vals, key, s):
+    mask = st_keys.shape[0] - 1
+    j = key & mask
+    while st_keys[j] != 0:
+        j = (j + 1) & mask
+    # the value before the key: a concurrent reader never sees a key without its value
+    st_vals[j] = s
+    st_keys[j] = key
+
+
+@njit(nogil=True, cache=True)
+def register_starts(start_lex, start_off, n_sets, lexemes, lex_null, g0, X, trans, state_acc, acc_off, acc_lex, D,
+                    buf, abuf, max_states, hard_max, st_keys, st_vals, out):
+    """The start states of the lexeme sets a kernel asked for (``start_lex[start_off[i]:start_off[i +
+    1]]``, sorted; a set may be asked for more than once): each looked up, else made (the DFA state
+    of each lexeme's start, ``g0``, then the lexer state of those, :func:`.lexdfa.intern_members`)
+    and registered in the start table. Room must be reserved for ``n_sets`` new states of all the
+    sets' lexemes, as many lexeme DFA states and start-table entries
+    (:meth:`Lexer.start_states`). Writes the states to ``out`` (one per set); returns how many
+    were registered, or -1 past ``hard_max`` states."""
+    added = 0
+    for i in range(n_sets):
+        a = start_off[i]
+        k = start_off[i + 1] - a
+        key = lexeme_set_hash(start_lex[a:], k)
+        s = lookup_start(st_keys, st_vals, key)
+        if s == UNKNOWN:
+            for j in range(k):
+                lx = start_lex[a + j]
+                g = g0[lx]
+                if g < 0:
+                    g = lexdfa.g_intern(X, lexemes[lx], lx, lex_null[lx])
+                    g0[lx] = g
+                buf[j] = g
+            s = lexdfa.intern_members(buf, k, X, trans, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max)
+            if s < 0:
+                return -1
+            _put_start(st_keys, st_vals, key, s)
+            added += 1
+        out[i] = s
+    return added
+
+
+_register_starts = FastCall(register_starts)
+
+
 def _rehashed(keys: np.ndarray, need: int, off: np.ndarray, data: np.ndarray, n: int) -> np.ndarray:
     """A set table (see :func:`.lexdfa.rehash`) of ``keys``' size doubled until it has ``need``
     slots, holding the ``n`` sets ``data[off[i]:off[i + 1]]``."""
@@ -254,7 +301,11 @@ class Lexer:
         # room for the free rows a first expansion may add (:meth:`_fill_rows` reserves them):
         # a smaller table is regrown at once, on every grammar's first expansion
         self._X = lexdfa.new_dfas(2 * EAGER_FREE_ROWS)
-        self._g0 = [-1] * len(self.lexemes)   # the DFA state of each lexeme's start
+        self._g0 = np.full(len(self.lexemes), -1, np.int64)   # the DFA state of each lexeme's start
+        # per lexeme: its expression and whether it is nullable (register_starts' inputs)
+        self._lex_arr = np.array(self.lexemes, np.int64)
+        self._lex_null = np.array([1 if self.exprs.nullable(e) else 0 for e in self.lexemes], np.int64)
+        self._start_out = np.zeros(64, np.int32)
         self._D = lexdfa.new_store(cap, 8 * cap, 64)
         self.acc_off = np.zeros(65, dtype=np.int32)
         self.acc_lex = np.zeros(256, dtype=np.int32)
@@ -709,7 +760,7 @@ class Lexer:
                 g0 = self._g0
                 gs = []
                 for lx in allowed:
-                    g = g0[lx]
+                    g = int(g0[lx])
                     if g < 0:
                         g = g0[lx] = self._g(lx, lexemes[lx])
                     gs.append(g)
@@ -723,21 +774,52 @@ class Lexer:
                 self._insert_start(key, s)
             return s
 
+    def start_states(self, M) -> np.ndarray:
+        """The start states of the lexeme sets a kernel's request buffers ``M`` ask for (one per
+        set, in order), registered: :meth:`start_state` for all of them in one compiled call
+        (:func:`register_starts`), after room is reserved for them all. Compiled expansion
+        only."""
+        cnt = M.counts
+        n = int(cnt[1])
+        total = int(cnt[2])
+        with self.lock, self.counting():
+            # room for n new states of ``total`` members (and accepted lexemes) in all, as many
+            # lexeme DFA states and start-table entries
+            self._reserve(n, -(-total // n))
+            self._reserve_g(total)
+            self._room_for_starts(n)
+            out = self._start_out
+            if out.shape[0] < n:
+                out = self._start_out = np.zeros(2 * n, np.int32)
+            r = int(_register_starts(M.start_lex, M.start_off, n, self._lex_arr, self._lex_null, self._g0, self._X,
+                                     self.trans, self.state_acc, self.acc_off, self.acc_lex, self._D, self._buf,
+                                     self._abuf, self.max_states, self.hard_max_states, self.st_keys, self.st_vals,
+                                     out))
+            self._after_eager(r)
+            self._n_start += r
+            return out[:n]
+
+    def _room_for_starts(self, n: int) -> None:
+        """Room for ``n`` more entries in the start table (doubled, rehashed and published while
+        more than half full)."""
+        if 2 * (self._n_start + n) <= self.st_keys.shape[0]:
+            return
+        keys, vals = self.st_keys, self.st_vals
+        cap = keys.shape[0]
+        while 2 * (self._n_start + n) > cap:
+            cap *= 2
+        nk = np.zeros(cap, dtype=np.int64)
+        nv = np.zeros(cap, dtype=np.int32)
+        for k, v in zip(keys.tolist(), vals.tolist()):
+            if k:
+                self._put(nk, nv, k, v)
+        self.st_vals, self.st_keys = nv, nk
+        self._publish()
+
     def _insert_start(self, key: int, s: int) -> None:
-        if 2 * (self._n_start + 1) > self.st_keys.shape[0]:
-            keys, vals = self.st_keys, self.st_vals
-            cap = 2 * keys.shape[0]
-            nk = np.zeros(cap, dtype=np.int64)
-            nv = np.zeros(cap, dtype=np.int32)
-            for k, v in zip(keys.tolist(), vals.tolist()):
-                if k:
-                    self._put(nk, nv, k, v)
-            self._put(nk, nv, key, s)
-            self.st_vals, self.st_keys = nv, nk
-            self._publish()
-        else:
-            # write the value before the key: a concurrent reader never sees a key without value
-            self._put(self.st_keys, self.st_vals, key, s)
+        self._room_for_starts(1)
+        # write the value before the key: a concurrent reader never sees a key without value
+        self._put(self.st_keys, self.st_vals, key, s)
         self._n_start += 1
 
     @staticmethod
