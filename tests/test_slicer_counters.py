@@ -179,3 +179,52 @@ def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_p
     for s in states:
         assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
     assert any(got[s][1] for s in states), "no state had a contained slice"
+
+
+def test_slices_ordered_by_prefix_follow_from_one_proof_and_agree_with_proving_each(llama3, monkeypatch):
+    """A slice whose strings are all prefixes of another slice's strings is contained when that
+    one is, and not when a slice below it is not (``SliceChecker`` infers those instead of
+    proving them). The inferred flags must equal those of proving every slice, on every state of
+    a document with strings of several kinds (free, bounded, a pattern, an enum), and fewer
+    proofs must have run."""
+    ex = ExprSet()
+    exprs = [slicer.slice_expr(p, ex) for p in slicer.JSON_STRING_SLICES]
+    below, above = slicer._prefix_order(ex, exprs)
+    assert below[0] == [] and below[1] == [0] and {0, 1} <= set(below[2])   # {1,10} < {11,30} < {31,}
+    assert all(k in above[j] for k in range(4) for j in below[k])
+
+    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 10.0)
+    proofs = [0]
+    contained = slicer.SliceChecker._contained
+
+    def counting(ex, u, e, max_seconds):
+        proofs[0] += 1
+        return contained(ex, u, e, max_seconds)
+
+    monkeypatch.setattr(slicer.SliceChecker, "_contained", staticmethod(counting))
+    schema = {"type": "object", "properties": {
+        "free": {"type": "string"}, "short": {"type": "string", "maxLength": 20},
+        "long": {"type": "string", "minLength": 40},
+        "tag": {"type": "string", "pattern": "^[a-z]+( [a-z]+)*$"}, "kind": {"enum": ["alpha", "beta"]}}}
+    doc = ('{"free": "caf\u00e9 \\"x\\" and more", "short": "abc def", "long": "' + "x" * 45
+           + '", "tag": "ab cd", "kind": "beta"}')
+    cg = GrammarCompiler(llama3, cache_size=0).compile_json_schema(schema)
+    m = GrammarMatcher(cg)
+    states = []
+    for ch in doc:
+        states.append(int(m._s))
+        assert m.accept_string(ch)
+    lexer = m._lexer
+    ordered = cg.slicer_of(lexer)
+    each = slicer.SliceChecker(lexer)   # no order: every slice proved
+    each._below = each._above = [[] for _ in each.exprs]
+    proofs[0] = 0
+    got = {s: ordered.skip_flags(s) for s in states}
+    n_ordered = proofs[0]
+    proofs[0] = 0
+    want = {s: each.skip_flags(s) for s in states}
+    assert proofs[0] > n_ordered, "no proof was spared"
+    for s in states:
+        assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
+    combos = {got[s][1] for s in states}
+    assert len(combos - {0}) >= 2, combos   # states with different slices contained

@@ -254,10 +254,10 @@ class SliceChecker:
             cache = ex.__dict__.setdefault("_slice_exprs", {})
             if patterns not in cache:
                 exprs = [slice_expr(p, ex) for p in patterns]
-                cache[patterns] = (exprs, _first_table(ex, exprs))
+                cache[patterns] = (exprs, _first_table(ex, exprs), _prefix_order(ex, exprs))
             #: per slice, its expression, and a [slice, byte] table of the bytes its strings can
             #: begin with (a necessary condition of containment, below: all slices at once)
-            self.exprs, self._first_table = cache[patterns]
+            self.exprs, self._first_table, (self._below, self._above) = cache[patterns]
         self._cache: dict[int, np.ndarray] = {}
 
     @property
@@ -273,28 +273,43 @@ class SliceChecker:
                 # the walk from ``s`` asks for its row first thing: build it now (the same
                 # expansion a kernel round would ask for), which also lets the row answer below
                 lexer.expand_many([s], lexer.resolve_budget)
-            with lexer.lock, lexer.counting():
-                # one time budget for all the slices of a state: a state whose first proof runs
-                # out of time rarely has cheap ones after it, and the mask waits for all of them
-                deadline = time.monotonic() + STATE_PROOF_SECONDS
-                flags = np.zeros(len(self.exprs), np.int32)
-                ex = lexer.exprs
-                # a slice whose strings may begin with a byte on which the state's row is dead
-                # (no member lives after it) is not contained: no proof needed. Most states
-                # outside strings end here.
-                dead = lexer.trans[s * 256:(s + 1) * 256] == DEAD
-                todo = np.flatnonzero(~(self._first_table & dead).any(1)).tolist()
-                combo = 0
-                # the union of the state's expressions: the same for every slice
-                u = ex.alt(*[x for _, x in lexer.state_members(s)]) if todo else -1
-                for k in todo:
-                    e = self.exprs[k]
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    if self._contained(ex, u, e, left):
-                        flags[k] = 1
-                        combo |= 1 << k
+            flags = np.zeros(len(self.exprs), np.int32)
+            combo = 0
+            # a slice whose strings may begin with a byte on which the state's row is dead
+            # (no member lives after it) is not contained: no proof needed. Most states
+            # outside strings end here (an expanded row is never written again: read unlocked).
+            dead = lexer.trans[s * 256:(s + 1) * 256] == DEAD
+            todo = np.flatnonzero(~(self._first_table & dead).any(1)).tolist()
+            if todo:
+                with lexer.lock, lexer.counting():
+                    # one time budget for all the slices of a state: a state whose first proof runs
+                    # out of time rarely has cheap ones after it, and the mask waits for all of them
+                    deadline = time.monotonic() + STATE_PROOF_SECONDS
+                    ex = lexer.exprs
+                    # the union of the state's expressions: the same for every slice
+                    u = ex.alt(*[x for _, x in lexer.state_members(s)])
+                    # slices whose strings are all prefixes of another's strings (``{1,10}`` of
+                    # ``{11,30}``'s) follow from it: a slice contained makes those below it
+                    # contained, one not contained (or not proved) those above it not proved.
+                    # So the lowest slice is proved first, then the highest above it, and so on.
+                    known = dict.fromkeys(todo)
+                    below, above = self._below, self._above
+                    up = False
+                    while True:
+                        left = [k for k, v in known.items() if v is None]
+                        if not left:
+                            break
+                        k = max(left, key=(lambda j: len(below[j])) if up else (lambda j: len(above[j])))
+                        rest = deadline - time.monotonic()
+                        up = rest > 0 and self._contained(ex, u, self.exprs[k], rest)
+                        known[k] = up
+                        for j in (below[k] if up else above[k]):
+                            if j in known and known[j] is None:
+                                known[j] = up
+                    for k, v in known.items():
+                        if v:
+                            flags[k] = 1
+                            combo |= 1 << k
             f = (flags, combo)
             self._cache[s] = f
         return f
@@ -309,6 +324,22 @@ class SliceChecker:
         if n != INF:
             u = capped(ex, u, n)
         return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds)
+
+
+def _prefix_order(ex: ExprSet, exprs: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+    """Per slice ``k``: the slices ``j`` whose every string is a prefix of a string of ``k``
+    (below it: if every string of ``k`` keeps a lexer state alive, so does every string of ``j``),
+    and those ``k`` is so below (above it). Exact proofs (:meth:`.ExprSet.prefixes_contain`); one
+    that runs out of budget leaves the pair unordered, which only costs a proof per state."""
+    n = len(exprs)
+    below: list[list[int]] = [[] for _ in range(n)]
+    above: list[list[int]] = [[] for _ in range(n)]
+    for k in range(n):
+        for j in range(n):
+            if j != k and ex.prefixes_contain(exprs[j], exprs[k], MAX_CHECK_PAIRS, 1.0):
+                below[k].append(j)
+                above[j].append(k)
+    return below, above
 
 
 def _first_table(ex: ExprSet, exprs: list[int]) -> np.ndarray:
