@@ -219,3 +219,42 @@ def test_bitmask_of_a_matcher_idle_through_generations(info):
     ref.fill_next_token_bitmask(b)
     assert (a == b).all()
     assert idle._lexer is compiled.lexer
+
+
+def test_start_states_of_a_round_equal_one_by_one_registration(info):
+    """``Lexer.start_states`` registers every lexeme set a kernel asked for in one compiled call
+    (:func:`.lexer.register_starts`). Its states must be those :meth:`Lexer.start_state` gives the
+    same sets one by one on a twin lexer, in the same order, registered in the start table (where
+    kernels look them up); a set asked for twice, or registered already, is one state; and the
+    tables grow as needed (more sets than the start table and the expansion's arrays hold)."""
+    from grammask.grammar.earley import new_missing
+
+    schema = {"type": "object", "properties": {f"p{i}": {"type": ["string", "integer", "boolean"][i % 3]}
+                                               for i in range(30)}}
+    a = GrammarCompiler(info, cache_size=0).compile_json_schema(schema).lexer
+    b = GrammarCompiler(info, cache_size=0).compile_json_schema(schema).lexer
+    n_lex = len(a.lexemes)
+    assert n_lex >= 30
+    rng = random.Random(7)
+    sets = [tuple(sorted(rng.sample(range(n_lex), rng.randint(1, 12)))) for _ in range(200)]
+    sets += [sets[3], sets[10], (0,)]   # asked twice; and one a grammar registers at compile time
+    M = new_missing(n_lex)
+    M = M._replace(start_lex=np.zeros(sum(map(len, sets)), np.int32), start_off=np.zeros(len(sets) + 1, np.int32))
+    pos = 0
+    for i, st in enumerate(sets):
+        M.start_lex[pos:pos + len(st)] = st
+        pos += len(st)
+        M.start_off[i + 1] = pos
+    M.counts[1] = len(sets)
+    M.counts[2] = pos
+    keys0 = a.st_keys.shape[0]
+    got = a.start_states(M).tolist()
+    assert a.st_keys.shape[0] > keys0    # the start table grew
+    want = [b.start_state(list(st)) for st in sets]
+    assert got == want
+    assert len(set(got)) == len(set(sets))
+    for st, s in zip(sets, got):
+        key = lexer_mod.lexeme_set_hash(np.array(st, np.int32), len(st))
+        assert int(lexer_mod.lookup_start(a.st_keys, a.st_vals, key)) == s
+        assert a.state_members(s) == b.state_members(s)
+        assert a.accepted_lexemes(s) == b.accepted_lexemes(s)
