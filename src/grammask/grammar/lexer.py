@@ -188,6 +188,129 @@ def register_starts(start_lex, start_off, n_sets, lexemes, lex_null, g0, X, tran
 
 _register_starts = FastCall(register_starts)
 
+#: what a mask kernel needs to build lexer states itself (:func:`inline_resolve`): the compiled
+#: expansion's arrays (those of :meth:`Lexer._eager_loop` and :func:`register_starts`) and ``cfg``:
+#: the settings below by index, and two counters the call writes. Kernels take it in a tuple
+#: ``(E, X, D, S, A)`` with the records it cannot hold (a record holds no record): the lexeme
+#: DFAs, the expansion store, the ExprSet's store and its row store
+Expander = namedtuple("Expander", "cfg trans state_acc expanded acc_off acc_lex buf pbuf ibuf abuf fqueue out lexemes "
+                                  "lex_null g0 st_keys st_vals")
+#: ``Expander.cfg`` entries: on (0: the kernel builds nothing, the arrays are not read), the
+#: speculation budget, the generation's bounds, free DFA rows, the row store's bound, entries of
+#: the start table (updated), rounds taken (updated) and their bound, speculative rows
+X_ON, X_BUDGET, X_MAX_STATES, X_HARD, X_FREE, X_MAX_STORED, X_N_START, X_ROUNDS, X_MAX_ROUNDS, X_SPEC = range(10)
+#: rounds one mask call may build in (each ends with the kernel stepping on again)
+INLINE_MAX_ROUNDS = 4096
+
+
+@njit(nogil=True, cache=True)
+def _inline_state(E, X, D, S, A, s):
+    """Expand lexer state ``s`` (and speculatively what it leads to) in the calling kernel; False
+    when it needs Python (rows whose derivatives the compiled walk leaves open, an array to grow):
+    then the state stays as it was, to be built by :meth:`Lexer.expand_many`."""
+    if E.expanded[s]:
+        return True
+    cnt = D.cnt
+    cfg = E.cfg
+    if D.queue.shape[0] < 2:
+        return False
+    D.queue[0] = s
+    cnt[4] = 0
+    cnt[5] = 1
+    cnt[7] = 0
+    cnt[8] = 0
+    cnt[9] = 0
+    cnt[10] = 1
+    st, _s = rowstore.eager_expand_rows(cfg[X_BUDGET], cfg[X_SPEC] != 0, cfg[X_MAX_STATES], cfg[X_HARD], X,
+                                        E.trans, E.state_acc, E.expanded, E.acc_off, E.acc_lex, D, E.buf, E.pbuf,
+                                        E.ibuf, E.abuf, S, A, 1, cfg[X_FREE], E.fqueue, E.out, cfg[X_MAX_STORED])
+    return st == lexdfa.DONE and E.expanded[s]
+
+
+@njit(nogil=True, cache=True)
+def _inline_start(E, X, D, lex, a, k):
+    """The start state of the lexeme set ``lex[a:a + k]`` (sorted), registered in the calling
+    kernel as :func:`register_starts` does, where every array has room for it; -1 when not."""
+    key = lexeme_set_hash(lex[a:], k)
+    s = lookup_start(E.st_keys, E.st_vals, key)
+    if s != UNKNOWN:
+        return s
+    cfg = E.cfg
+    cnt = D.cnt
+    g_cnt = X.g_cnt[0]
+    if g_cnt + k > X.g_null.shape[0] or 2 * (g_cnt + k) > X.g_keys.shape[0]:
+        return -1
+    n0 = cnt[0]
+    if (n0 + 2 > E.state_acc.shape[0] or n0 + 2 > D.ms_off.shape[0] or cnt[1] + k > D.ms_mem.shape[0]
+            or 2 * (n0 + 1) > D.h_keys.shape[0] or cnt[2] + 2 >= E.acc_off.shape[0]
+            or cnt[3] + k > E.acc_lex.shape[0] or 2 * (cnt[2] + 1) > D.a_keys.shape[0]
+            or 2 * (cfg[X_N_START] + 1) > E.st_keys.shape[0] or k > E.buf.shape[0]):
+        return -1
+    buf = E.buf
+    g0 = E.g0
+    for j in range(k):
+        lx = lex[a + j]
+        g = g0[lx]
+        if g < 0:
+            g = lexdfa.g_intern(X, E.lexemes[lx], lx, E.lex_null[lx])
+            g0[lx] = g
+        buf[j] = g
+    s = lexdfa.intern_members(buf, k, X, E.trans, E.state_acc, E.acc_off, E.acc_lex, D, E.abuf, cfg[X_MAX_STATES],
+                              cfg[X_HARD])
+    if s < 0:
+        return -1
+    _put_start(E.st_keys, E.st_vals, key, s)
+    cfg[X_N_START] += 1
+    return s
+
+
+@njit(nogil=True, cache=True)
+def inline_resolve(XE, M, m0, m1, m2):
+    """Build, in the mask kernel that calls it, what that kernel recorded as missing since its
+    request counts were ``m0`` states, ``m1`` start sets and ``m2`` lexemes (``M``: see
+    :class:`~.earley.MissingRequests`): the start states of the sets, registered and expanded,
+    and the states. True when all of it was built (the records are taken back: the kernel steps
+    on again from where it stopped); False when the expander is off, nothing was recorded (a
+    full buffer drops a request), the call's rounds are spent or something needs Python (the
+    records stay for :meth:`~.compiled.CompiledGrammar.resolve`). The caller holds the lexer's
+    lock (:meth:`Lexer.inline_expander`). ``XE``: ``(E, X, D, S, A)`` (see :data:`Expander`)."""
+    E, X, D, S, A = XE
+    cfg = E.cfg
+    cnt = M.counts
+    if cfg[X_ON] == 0 or (cnt[0] == m0 and cnt[1] == m1) or cfg[X_ROUNDS] >= cfg[X_MAX_ROUNDS]:
+        return False
+    cfg[X_ROUNDS] += 1
+    off = M.start_off
+    for i in range(m1, cnt[1]):
+        s = _inline_start(E, X, D, M.start_lex, off[i], off[i + 1] - off[i])
+        if s < 0 or not _inline_state(E, X, D, S, A, s):
+            return False
+    for i in range(m0, cnt[0]):
+        if not _inline_state(E, X, D, S, A, M.states[i]):
+            return False
+    cnt[0] = m0
+    cnt[1] = m1
+    cnt[2] = m2
+    return True
+
+
+_OFF_EXPANDER = []
+
+
+def off_expander():
+    """An expander tuple (see :data:`Expander`) that builds nothing (``cfg[X_ON]`` 0; its arrays,
+    of the real ones' types, are never read): what a mask kernel gets outside
+    :meth:`Lexer.inline_expander`. One per process."""
+    if not _OFF_EXPANDER:
+        i32 = np.zeros(1, np.int32)
+        i64 = np.zeros(1, np.int64)
+        ex = ExprSet()
+        E = kstruct(Expander(np.zeros(10, np.int64), i32.copy(), i32.copy(), np.zeros(1, np.bool_), i32.copy(),
+                             i32.copy(), i32.copy(), i32.copy(), i32.copy(), i32.copy(), i64.copy(),
+                             np.zeros(4, np.int64), i64.copy(), i64.copy(), i64.copy(), i64.copy(), i32.copy()))
+        _OFF_EXPANDER.append((E, lexdfa.new_dfas(1), lexdfa.new_store(1, 1, 1), ex._S, rowstore.row_store(ex).arrays))
+    return _OFF_EXPANDER[0]
+
 
 def _rehashed(keys: np.ndarray, need: int, off: np.ndarray, data: np.ndarray, n: int) -> np.ndarray:
     """A set table (see :func:`.lexdfa.rehash`) of ``keys``' size doubled until it has ``need``
@@ -266,6 +389,8 @@ class Lexer:
         #: members over all states (a state's member tuple grows with its lexemes; the
         #: reference construction's Python tuples)
         self.n_members = 0
+        #: rounds mask kernels built states in themselves (:func:`inline_resolve`)
+        self.inline_rounds = 0
         #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
         #: whole states in Python (:meth:`_expand_one`, the reference)
         self.eager = EAGER_LEXER if eager is None else bool(eager)
@@ -565,6 +690,39 @@ class Lexer:
             for s in states:
                 if not self.expanded[s]:
                     self.expand(s, 0)
+
+    def inline_expander(self):
+        """An expander tuple (:data:`Expander` and its records) over this lexer's arrays for one mask call that builds the states it
+        meets (:func:`inline_resolve`), after room is made for a round's worth of them. The caller
+        holds ``self.lock`` (and ``counting()``) until the call returned and :meth:`after_inline`
+        ran: the kernel writes the arrays as :meth:`expand_many` does."""
+        self._room_for_seeds(16)
+        self._reserve(EAGER_RESOLVE_BUDGET, 8)
+        self._reserve_g(2 * EAGER_FREE_ROWS)
+        self._room_for_starts(16)
+        cfg = np.zeros(10, np.int64)
+        cfg[X_ON] = 1
+        cfg[X_BUDGET] = self.resolve_budget
+        cfg[X_MAX_STATES] = self.max_states
+        cfg[X_HARD] = self.hard_max_states
+        cfg[X_FREE] = EAGER_FREE_ROWS
+        cfg[X_MAX_STORED] = rowstore.MAX_STORED_EXPRS
+        cfg[X_N_START] = self._n_start
+        cfg[X_MAX_ROUNDS] = INLINE_MAX_ROUNDS
+        E = kstruct(Expander(cfg, self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._buf,
+                             self._pbuf, self._ibuf, self._abuf, self._free_queue, self._rows_out, self._lex_arr,
+                             self._lex_null, self._g0, self.st_keys, self.st_vals))
+        return (E, self._X, self._D, self.exprs._S, rowstore.row_store(self.exprs).arrays)
+
+    def after_inline(self, E) -> None:
+        """After a mask call with :meth:`inline_expander`'s ``E`` (lock still held): what it
+        added (the ExprSet's mirrors, the row store's count, the start table's entries, the
+        generation's bounds)."""
+        self._after_rows(rowstore.row_store(self.exprs), self._rows_out)
+        cfg = E[0].cfg
+        self._n_start = int(cfg[X_N_START])
+        self.inline_rounds += int(cfg[X_ROUNDS])
+        self._after_eager(0)
 
     def expand_chains(self, kernel, head: tuple, found: np.ndarray, deep: np.ndarray, rounds: int) -> None:
         """Expand what ``kernel(*head, rounds, budget, <the expansion's arrays>)`` names round after

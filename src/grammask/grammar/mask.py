@@ -24,6 +24,7 @@ from numba import njit
 from . import rowstore
 from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start, row_top
 from .lexdfa import FastCall  # noqa: F401 - defined there (the lexer uses it too), used from here
+from .lexer import inline_resolve
 
 #: a trie subtree of at most this many nodes skipped for a missing lexer state is recorded as a
 #: chain (``MissingRequests.chains``): Python builds the states of all of it in the same round
@@ -250,7 +251,7 @@ def _push(stack, sp, kind, a, b, c, d, e):
 
 
 @njit(nogil=True, cache=True)
-def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
+def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, E):
     """The trie walk of a mask, as a depth-first loop over work items (``stack[:sp]``, see
     :data:`_RANGE`): node ranges walked node by node, and entries of the state cache (the root
     entry's groups ``Cgs``/``Cgb``/``Cgo``/``Cn``, nested entries in ``S``) read group by group.
@@ -321,9 +322,12 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
                         if s2 >= 0 and s2 < n_states:
                             t = trans[s2 * 256 + b]
                     if t == -2:
+                        m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
                         st, t, _h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
                         if st != OK:
                             if st == MISSING:
+                                if inline_resolve(E, M, m0, m1, m2):
+                                    continue   # built in this call: the same group again
                                 incomplete = True
                             elif st != REJECT:
                                 return st, nf
@@ -388,12 +392,15 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
                         if t >= 0:
                             h += 1
             if t < 0:
+                m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
                 st, t, h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
                 if st != OK:
                     if st == REJECT:
                         i = node_end[i]
                         continue
                     if st == MISSING:
+                        if inline_resolve(E, M, m0, m1, m2):
+                            continue   # built in this call: the same node again
                         incomplete = True
                         # a small subtree below a state not expanded yet (long tokens: runs of
                         # spaces or dashes) is expanded whole by Python, not one level per round
@@ -425,7 +432,7 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top):
 
 
 @njit(nogil=True, cache=True)
-def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S):
+def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, E):
     """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
     rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
     mask is used instead). ``F.node_tok[i]`` is the token ending at node ``i`` or -1: the append
@@ -456,7 +463,7 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S):
     e32 = F.dup_first[:0]
     # no root entry: empty group arrays (views, nothing allocated)
     return _walk_dfs(stack, sp, e32, e32, W.req[:0], e32, F, G, L, P, M, W, S,
-                     row_top(P, h0))
+                     row_top(P, h0), E)
 
 
 @njit(nogil=True, cache=True)
@@ -499,11 +506,14 @@ def _assemble(F, combo, can, tok_words, toks, W, nf, words):
 
 
 @njit(nogil=True, cache=True)
-def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, S, words):
+def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, S, words, E):
     """One whole mask row into ``words`` (uint32, ``ceil(V/32)`` words): the precomputed mask
     of the skipped slices (``F.combo_words``), the tokens the trie walk finds, tokens that share
-    bytes with a found one, and the stop tokens when the grammar can end. Returns a status."""
-    st, nf = walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S)
+    bytes with a found one, and the stop tokens when the grammar can end. Returns a status.
+    ``E`` (a :data:`~.lexer.Expander`): when on, the walk builds the lexer states it meets
+    missing itself (:func:`~.lexer.inline_resolve`) and steps on, instead of skipping their
+    subtrees for a Python round and a walk again; off, it builds nothing."""
+    st, nf = walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, E)
     if st != OK:
         return st
     st, can = can_end(s0, h0, lex_len, G, L, P, M)
@@ -525,7 +535,7 @@ StateCache = namedtuple("StateCache", "tok_words toks grp_state grp_byte grp_off
 
 
 @njit(nogil=True, cache=True)
-def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words):
+def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, E):
     """:func:`fill_mask` from a state's cache ``C`` (:data:`StateCache`, built by
     :func:`~.state_cache.build_entry` for ``s0`` with the same slices skipped, ``combo``): the
     cached tokens as they are, one parser step per group of lexeme ends, and below the groups the
@@ -535,7 +545,7 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words):
     sp = _push(stack, 0, _ENTRY, -1, 0, -1, h0, -2)
     W.req[0] = 0
     st, nf = _walk_dfs(stack, sp, C.grp_state, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,
-                       row_top(P, h0))
+                       row_top(P, h0), E)
     if st != OK:
         return st
     st, can = can_end(s0, h0, lex_len, G, L, P, M)

@@ -13,7 +13,8 @@ import numpy as np
 
 from ..errors import MatcherError
 from .compiled import CompiledGrammar
-from .earley import OK, REJECT
+from .earley import MISSING, OK, REJECT
+from .lexer import off_expander
 from .kstruct import kstruct
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
                    forced_after, jump_forward, walk_stack)
@@ -33,6 +34,8 @@ _SCAN_ORDER = np.array(_FIRST + [b for b in range(256) if b not in _FIRST], np.i
 MAX_SKIP_STATES = 1024
 _FILL_ERROR = "internal error: the mask kernel did not settle"
 _INT32 = np.dtype(np.int32)
+#: the expander of the masks' first calls: builds nothing (see fill_words)
+_OFF = off_expander()
 
 
 class GrammarMatcher:
@@ -289,10 +292,18 @@ class GrammarMatcher:
             fn, head = _fill_mask_cached, (F, combo, cache, s, self._h, self._lex_len)
         else:
             fn, head = _fill_mask, (F, skip, s, self._h, self._lex_len)
-        stack, M, tail = self._stack, self._M, (w, mc.store, words)
-        # the kernel called directly (most masks read only built states); the driver's loop
-        # (build what it asked for, call again) only when it did not settle
+        stack, M, tail = self._stack, self._M, (w, mc.store, words, _OFF)
+        # the kernel called directly, building nothing (most masks read only built states: no
+        # lock); where it met states not built yet, once more holding the lexer's lock, building
+        # them as it meets them (:func:`.lexer.inline_resolve`); the driver's loop (build what it
+        # asked for, call again) only for what that left
         st = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail)
+        if st == MISSING and lexer.eager:
+            with lexer.lock, lexer.counting():
+                E = lexer.inline_expander()
+                M.counts[:] = 0
+                st = fn(*head, comp.G, lexer.tables, stack.arrays, M, w, mc.store, words, E)
+                lexer.after_inline(E)
         if st != OK and st != REJECT:
             comp.resolve(st, stack, M, lexer)
             comp.run(fn, stack, M, head, tail, _FILL_ERROR, lexer)
