@@ -149,12 +149,16 @@ def test_long_token_runs_are_built_in_one_round(monkeypatch):
     assert len(rounds) <= 3, rounds
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["compiled-expansion", "derivatives"])
-def test_counted_runs_are_built_in_one_compiled_call(monkeypatch, eager):
+@pytest.mark.parametrize("eager,inline", [(True, True), (True, False), (False, False)],
+                         ids=["inline-expansion", "compiled-expansion", "derivatives"])
+def test_counted_runs_are_built_in_one_compiled_call(monkeypatch, eager, inline):
     # a run of spaces through a counted alternation: every depth is a state of its own (the
-    # count left) that no ladder walks; the compiled chain driver (mask.chain_expand) builds the
-    # whole run in one call where the Python loop took a round per byte. Same mask both ways.
+    # count left) that no ladder walks. The mask kernel builds the run as it walks it
+    # (lexer.inline_resolve); without that, the compiled chain driver (mask.chain_expand) builds
+    # the whole run in one call; the Python loop took a round per byte. Same mask every way.
     monkeypatch.setattr(lexer_mod, "EAGER_LEXER", eager)
+    if not inline:
+        monkeypatch.setattr(lexer_mod, "INLINE_MAX_ROUNDS", 0)
     toks = [b""] + [b" " * k for k in range(1, 65)] + [b"x", b"y"]
     info = TokenizerInfo(toks, stop_token_ids=[0])
     cg = GrammarCompiler(info, cache_enabled=False).compile_grammar('root ::= (" " | "  " "y"?){0,150} "x"')
@@ -175,8 +179,10 @@ def test_counted_runs_are_built_in_one_compiled_call(monkeypatch, eager):
     m = GrammarMatcher(cg)
     allowed = set(np.flatnonzero(np.unpackbits(m.get_next_token_bitmask().view(np.uint8), bitorder="little")).tolist())
     assert allowed == set(range(1, 66))   # spaces, and "x" (no "y" before a double space)
-    if eager:
-        assert calls["chain"] >= 1 and calls["expand_many"] <= 4, calls
+    if inline:
+        assert cg.lexer.inline_rounds >= 1 and calls["chain"] == 0 and calls["expand_many"] <= 2, calls
+    elif eager:
+        assert cg.lexer.inline_rounds == 0 and calls["chain"] >= 1 and calls["expand_many"] <= 4, calls
     else:
         assert calls["chain"] == 0 and calls["expand_many"] > 30, calls
     for _ in range(4):
