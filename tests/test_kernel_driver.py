@@ -37,8 +37,16 @@ def test_fast_call_kernels_have_one_signature(bl):
         assert m.accept_token(t)
     m.find_jump_forward_bytes()
     for fc in (matcher_mod._fill_mask, matcher_mod._advance_bytes, matcher_mod._can_end, compiled_mod._initial_row):
-        assert len(fc.fn.signatures) == 1, fc.fn
         assert fc.entry is not None, fc.fn
+    for fc in (matcher_mod._can_end, compiled_mod._initial_row):
+        assert len(fc.fn.signatures) == 1, fc.fn
+    # the kernels that may build lexer states: a read-only variant (no expander) and one with
+    # an expander (Lexer.inline_expander), each called through its own wrapper
+    for fc, fx in ((matcher_mod._fill_mask, matcher_mod._fill_mask_x),
+                   (matcher_mod._advance_bytes, matcher_mod._advance_bytes_x)):
+        assert fx.entry is not None, fx.fn
+        assert len(fc.fn.signatures) == 2, fc.fn
+        assert str(fc.sig[-1]) == "none" and str(fx.sig[-1]) != "none"
 
 
 def test_driver_serves_requests_and_grows(bl):

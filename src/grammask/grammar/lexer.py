@@ -270,10 +270,13 @@ def inline_resolve(XE, M, m0, m1, m2):
     request counts were ``m0`` states, ``m1`` start sets and ``m2`` lexemes (``M``: see
     :class:`~.earley.MissingRequests`): the start states of the sets, registered and expanded,
     and the states. True when all of it was built (the records are taken back: the kernel steps
-    on again from where it stopped); False when the expander is off, nothing was recorded (a
+    on again from where it stopped); False without an expander (``XE`` None: the kernels'
+    read-only variants) or with one that is off, when nothing was recorded (a
     full buffer drops a request), the call's rounds are spent or something needs Python (the
     records stay for :meth:`~.compiled.CompiledGrammar.resolve`). The caller holds the lexer's
     lock (:meth:`Lexer.inline_expander`). ``XE``: ``(E, X, D, S, A)`` (see :data:`Expander`)."""
+    if XE is None:   # the kernels' read-only variants (compiled without this function's body)
+        return False
     E, X, D, S, A = XE
     cfg = E.cfg
     cnt = M.counts
@@ -292,24 +295,6 @@ def inline_resolve(XE, M, m0, m1, m2):
     cnt[1] = m1
     cnt[2] = m2
     return True
-
-
-_OFF_EXPANDER = []
-
-
-def off_expander():
-    """An expander tuple (see :data:`Expander`) that builds nothing (``cfg[X_ON]`` 0; its arrays,
-    of the real ones' types, are never read): what a mask kernel gets outside
-    :meth:`Lexer.inline_expander`. One per process."""
-    if not _OFF_EXPANDER:
-        i32 = np.zeros(1, np.int32)
-        i64 = np.zeros(1, np.int64)
-        ex = ExprSet()
-        E = kstruct(Expander(np.zeros(10, np.int64), i32.copy(), i32.copy(), np.zeros(1, np.bool_), i32.copy(),
-                             i32.copy(), i32.copy(), i32.copy(), i32.copy(), i32.copy(), i64.copy(),
-                             np.zeros(4, np.int64), i64.copy(), i64.copy(), i64.copy(), i64.copy(), i32.copy()))
-        _OFF_EXPANDER.append((E, lexdfa.new_dfas(1), lexdfa.new_store(1, 1, 1), ex._S, rowstore.row_store(ex).arrays))
-    return _OFF_EXPANDER[0]
 
 
 def _rehashed(keys: np.ndarray, need: int, off: np.ndarray, data: np.ndarray, n: int) -> np.ndarray:

@@ -556,13 +556,24 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, E):
 
 
 @njit(nogil=True, cache=True)
-def advance_bytes(data, s, h, G, L, P, M, out):
-    """Feed ``data`` from (``s``, ``h``); on OK, ``out = [state, height]``."""
+def advance_bytes(data, s, h, G, L, P, M, out, XE):
+    """Feed ``data`` from (``s``, ``h``); on OK, ``out = [state, height]``. ``XE``: as
+    :func:`fill_mask`'s (a state missing on the way is built here when it is on)."""
     cache_top = row_top(P, h)
-    for i in range(data.shape[0]):
-        st, s, h, cache_top = step_slow(data[i], s, h, cache_top, G, L, P, M)
+    i = 0
+    n = data.shape[0]
+    # the requests when a step fails are those at entry: a failed step returns at once, unless
+    # what it recorded was built and taken back
+    m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
+    while i < n:
+        st, s2, h2, cache_top = step_slow(data[i], s, h, cache_top, G, L, P, M)
         if st != OK:
+            if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                continue   # built: the same byte again
             return st
+        s = s2
+        h = h2
+        i += 1
     out[0] = s
     out[1] = h
     return OK

@@ -14,15 +14,19 @@ import numpy as np
 from ..errors import MatcherError
 from .compiled import CompiledGrammar
 from .earley import MISSING, OK, REJECT
-from .lexer import off_expander
 from .kstruct import kstruct
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
                    forced_after, jump_forward, walk_stack)
 from .utf8 import utf8_prefix
 
+# the kernels that may build lexer states take an expander last: None (their read-only variant,
+# compiled apart) or one from Lexer.inline_expander (the ``_x`` wrappers)
 _fill_mask = FastCall(fill_mask)
 _fill_mask_cached = FastCall(fill_mask_cached)
 _advance_bytes = FastCall(advance_bytes)
+_fill_mask_x = FastCall(fill_mask)
+_fill_mask_cached_x = FastCall(fill_mask_cached)
+_advance_bytes_x = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
 _forced_after = FastCall(forced_after)
 _NO_PROBE: dict = {}     # zero probe masks, by width
@@ -34,8 +38,6 @@ _SCAN_ORDER = np.array(_FIRST + [b for b in range(256) if b not in _FIRST], np.i
 MAX_SKIP_STATES = 1024
 _FILL_ERROR = "internal error: the mask kernel did not settle"
 _INT32 = np.dtype(np.int32)
-#: the expander of the masks' first calls: builds nothing (see fill_words)
-_OFF = off_expander()
 
 
 class GrammarMatcher:
@@ -164,10 +166,19 @@ class GrammarMatcher:
         # driver's loop only when it asks for something
         lexer = self._lexer
         st = _advance_bytes(arr, self._s, self._h, self.compiled.G, lexer.tables, self._stack.arrays, self._M,
-                            self._out)
+                            self._out, None)
+        if st == MISSING and lexer.eager:
+            # again, building what is missing as it goes (see fill_words)
+            M = self._M
+            with lexer.lock, lexer.counting():
+                XE = lexer.inline_expander()
+                M.counts[:] = 0
+                st = _advance_bytes_x(arr, self._s, self._h, self.compiled.G, lexer.tables, self._stack.arrays, M,
+                                      self._out, XE)
+                lexer.after_inline(XE)
         if st != OK and st != REJECT:
             self.compiled.resolve(st, self._stack, self._M, lexer)
-            st = self._call(_advance_bytes, arr, self._s, self._h, tail=(self._out,))
+            st = self._call(_advance_bytes, arr, self._s, self._h, tail=(self._out, None))
         if st != OK:
             return False
         self._s, self._h = int(self._out[0]), int(self._out[1])
@@ -289,10 +300,10 @@ class GrammarMatcher:
             words = words[:n_words]
         F = comp.forest.arrays
         if cache is not None:
-            fn, head = _fill_mask_cached, (F, combo, cache, s, self._h, self._lex_len)
+            fn, fx, head = _fill_mask_cached, _fill_mask_cached_x, (F, combo, cache, s, self._h, self._lex_len)
         else:
-            fn, head = _fill_mask, (F, skip, s, self._h, self._lex_len)
-        stack, M, tail = self._stack, self._M, (w, mc.store, words, _OFF)
+            fn, fx, head = _fill_mask, _fill_mask_x, (F, skip, s, self._h, self._lex_len)
+        stack, M, tail = self._stack, self._M, (w, mc.store, words, None)
         # the kernel called directly, building nothing (most masks read only built states: no
         # lock); where it met states not built yet, once more holding the lexer's lock, building
         # them as it meets them (:func:`.lexer.inline_resolve`); the driver's loop (build what it
@@ -302,7 +313,7 @@ class GrammarMatcher:
             with lexer.lock, lexer.counting():
                 E = lexer.inline_expander()
                 M.counts[:] = 0
-                st = fn(*head, comp.G, lexer.tables, stack.arrays, M, w, mc.store, words, E)
+                st = fx(*head, comp.G, lexer.tables, stack.arrays, M, w, mc.store, words, E)
                 lexer.after_inline(E)
         if st != OK and st != REJECT:
             comp.resolve(st, stack, M, lexer)
