@@ -194,11 +194,13 @@ _register_starts = FastCall(register_starts)
 #: ``(E, X, D, S, A)`` with the records it cannot hold (a record holds no record): the lexeme
 #: DFAs, the expansion store, the ExprSet's store and its row store
 Expander = namedtuple("Expander", "cfg trans state_acc expanded acc_off acc_lex buf pbuf ibuf abuf fqueue out lexemes "
-                                  "lex_null g0 st_keys st_vals")
+                                  "lex_null g0 st_keys st_vals failed")
 #: ``Expander.cfg`` entries: on (0: the kernel builds nothing, the arrays are not read), the
 #: speculation budget, the generation's bounds, free DFA rows, the row store's bound, entries of
-#: the start table (updated), rounds taken (updated) and their bound, speculative rows
-X_ON, X_BUDGET, X_MAX_STATES, X_HARD, X_FREE, X_MAX_STORED, X_N_START, X_ROUNDS, X_MAX_ROUNDS, X_SPEC = range(10)
+#: the start table (updated), rounds taken (updated) and their bound, speculative rows, rounds
+#: that needed Python (updated; their states are kept in ``failed`` and not tried again in the
+#: call; past its room the call builds nothing more)
+X_ON, X_BUDGET, X_MAX_STATES, X_HARD, X_FREE, X_MAX_STORED, X_N_START, X_ROUNDS, X_MAX_ROUNDS, X_SPEC, X_FAILED = range(11)
 #: rounds one mask call may build in (each ends with the kernel stepping on again)
 INLINE_MAX_ROUNDS = 4096
 
@@ -265,6 +267,20 @@ def _inline_start(E, X, D, lex, a, k):
 
 
 @njit(nogil=True, cache=True)
+def _failed(E, s):
+    """A round that needs Python (rows the compiled construction leaves open, an array to grow):
+    counted, its state ``s`` kept so that the call does not try it again; past ``E.failed``'s
+    room the call builds nothing more. Returns False."""
+    cfg = E.cfg
+    if cfg[X_FAILED] < E.failed.shape[0]:
+        E.failed[cfg[X_FAILED]] = s
+        cfg[X_FAILED] += 1
+    else:
+        cfg[X_ON] = 0
+    return False
+
+
+@njit(nogil=True, cache=True)
 def inline_resolve(XE, M, m0, m1, m2):
     """Build, in the mask kernel that calls it, what that kernel recorded as missing since its
     request counts were ``m0`` states, ``m1`` start sets and ``m2`` lexemes (``M``: see
@@ -282,15 +298,22 @@ def inline_resolve(XE, M, m0, m1, m2):
     cnt = M.counts
     if cfg[X_ON] == 0 or (cnt[0] == m0 and cnt[1] == m1) or cfg[X_ROUNDS] >= cfg[X_MAX_ROUNDS]:
         return False
-    cfg[X_ROUNDS] += 1
     off = M.start_off
+    for i in range(m0, cnt[0]):
+        # a state that needed Python in this call is met again on every path through it: it is
+        # not tried again (the walk records it, for the Python round)
+        s = M.states[i]
+        for j in range(cfg[X_FAILED]):
+            if E.failed[j] == s:
+                return False
+    cfg[X_ROUNDS] += 1
     for i in range(m1, cnt[1]):
         s = _inline_start(E, X, D, M.start_lex, off[i], off[i + 1] - off[i])
         if s < 0 or not _inline_state(E, X, D, S, A, s):
-            return False
+            return _failed(E, -1)
     for i in range(m0, cnt[0]):
         if not _inline_state(E, X, D, S, A, M.states[i]):
-            return False
+            return _failed(E, M.states[i])
     cnt[0] = m0
     cnt[1] = m1
     cnt[2] = m2
@@ -376,6 +399,8 @@ class Lexer:
         self.n_members = 0
         #: rounds mask kernels built states in themselves (:func:`inline_resolve`)
         self.inline_rounds = 0
+        #: of those, the rounds that needed Python
+        self.inline_failed = 0
         #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
         #: whole states in Python (:meth:`_expand_one`, the reference)
         self.eager = EAGER_LEXER if eager is None else bool(eager)
@@ -685,7 +710,7 @@ class Lexer:
         self._reserve(EAGER_RESOLVE_BUDGET, 8)
         self._reserve_g(2 * EAGER_FREE_ROWS)
         self._room_for_starts(16)
-        cfg = np.zeros(10, np.int64)
+        cfg = np.zeros(11, np.int64)
         cfg[X_ON] = 1
         cfg[X_BUDGET] = self.resolve_budget
         cfg[X_MAX_STATES] = self.max_states
@@ -696,7 +721,7 @@ class Lexer:
         cfg[X_MAX_ROUNDS] = INLINE_MAX_ROUNDS
         E = kstruct(Expander(cfg, self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._buf,
                              self._pbuf, self._ibuf, self._abuf, self._free_queue, self._rows_out, self._lex_arr,
-                             self._lex_null, self._g0, self.st_keys, self.st_vals))
+                             self._lex_null, self._g0, self.st_keys, self.st_vals, np.full(16, -1, np.int32)))
         return (E, self._X, self._D, self.exprs._S, rowstore.row_store(self.exprs).arrays)
 
     def after_inline(self, E) -> None:
@@ -707,6 +732,7 @@ class Lexer:
         cfg = E[0].cfg
         self._n_start = int(cfg[X_N_START])
         self.inline_rounds += int(cfg[X_ROUNDS])
+        self.inline_failed += int(cfg[X_FAILED])
         self._after_eager(0)
 
     def expand_chains(self, kernel, head: tuple, found: np.ndarray, deep: np.ndarray, rounds: int) -> None:
