@@ -382,8 +382,12 @@ class Lexer:
         self._twins: dict[int, int] = {}   # walk_state's memo
         self._acc_sets: list[tuple[int, ...]] = []
         self._acc_ids: dict[tuple, int] = {}
-        cap = 64
-        self.trans = np.full(cap * 256, UNKNOWN, dtype=np.int32)
+        # room for the states a first mask builds (its expander reserves a round's worth,
+        # EAGER_RESOLVE_BUDGET: :meth:`inline_expander`), so that no grammar regrows its arrays
+        # there; the rows are written as states are made (never read before), so ``trans`` is
+        # address space until then
+        cap = 2 * EAGER_RESOLVE_BUDGET if self.eager_default(eager) else 64
+        self.trans = np.empty(cap * 256, dtype=np.int32)
         self.state_acc = np.full(cap, -1, dtype=np.int32)
         self.acc_off = np.zeros(1, dtype=np.int32)
         self.acc_lex = np.zeros(0, dtype=np.int32)
@@ -403,10 +407,15 @@ class Lexer:
         self.inline_failed = 0
         #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
         #: whole states in Python (:meth:`_expand_one`, the reference)
-        self.eager = EAGER_LEXER if eager is None else bool(eager)
+        self.eager = self.eager_default(eager)
         if self.eager:
             self._init_compiled(cap)
         self._publish()
+
+    @staticmethod
+    def eager_default(eager) -> bool:
+        """Whether a lexer made with ``eager`` uses the compiled expansion."""
+        return EAGER_LEXER if eager is None else bool(eager)
 
     def _publish(self) -> None:
         """Hand the current arrays to kernels (after any of them was reallocated): one attribute
@@ -441,9 +450,9 @@ class Lexer:
         self._lex_arr = np.array(self.lexemes, np.int64)
         self._lex_null = np.array([1 if self.exprs.nullable(e) else 0 for e in self.lexemes], np.int64)
         self._start_out = np.zeros(64, np.int32)
-        self._D = lexdfa.new_store(cap, 8 * cap, 64)
-        self.acc_off = np.zeros(65, dtype=np.int32)
-        self.acc_lex = np.zeros(256, dtype=np.int32)
+        self._D = lexdfa.new_store(cap, 8 * cap, cap)
+        self.acc_off = np.zeros(cap + 1, dtype=np.int32)
+        self.acc_lex = np.zeros(8 * cap, dtype=np.int32)
         nl = max(1, len(self.lexemes))
         self._buf = np.zeros(nl, np.int32)
         self._pbuf = np.zeros(nl, np.int32)
@@ -708,7 +717,7 @@ class Lexer:
         ran: the kernel writes the arrays as :meth:`expand_many` does."""
         self._room_for_seeds(16)
         self._reserve(EAGER_RESOLVE_BUDGET, 8)
-        self._reserve_g(2 * EAGER_FREE_ROWS)
+        self._reserve_g(EAGER_FREE_ROWS + 64)
         self._room_for_starts(16)
         cfg = np.zeros(11, np.int64)
         cfg[X_ON] = 1
