@@ -135,11 +135,9 @@ def test_states_past_the_slices_reach_share_one_proof_and_masks_are_unchanged(ll
         assert np.array_equal(a, b)
 
 
-def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_proofs(llama3, monkeypatch):
-    """``SliceChecker.skip_flags`` answers "not contained" without a proof for a slice that may
-    begin with a byte on which the state's row is dead. The flags must be the proofs' own, on
-    every state of a document (inside strings, numbers, between tokens), and the shortcut must
-    actually spare proofs. A state not expanded yet is expanded first (its row answers)."""
+def _count_proofs(monkeypatch) -> list[int]:
+    """Proofs of ``SliceChecker`` counted in the returned one-item list (with a budget no loaded
+    machine runs out of)."""
     monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 10.0)
     proofs = [0]
     contained = slicer.SliceChecker._contained
@@ -149,18 +147,32 @@ def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_p
         return contained(ex, u, e, max_seconds)
 
     monkeypatch.setattr(slicer.SliceChecker, "_contained", staticmethod(counting))
-    schema = {"type": "object", "properties": {
-        "name": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"},
-        "tag": {"type": "string", "maxLength": 12, "pattern": "^[a-z]+( [a-z]+)*$"},
-        "kind": {"enum": ["alpha", "beta"]}, "ok": {"type": "boolean"}}}
-    doc = '{"name": "R\\u00e9mi \\"x\\" caf\u00e9", "n": -120, "x": 3.5e-2, "tag": "ab cd", "kind": "beta", "ok": true}'
-    cg = GrammarCompiler(llama3, cache_size=0).compile_json_schema(schema)
+    return proofs
+
+
+def _states_of(info, schema, doc):
+    """(compiled grammar, its lexer, the lexer state before each character of ``doc``)."""
+    cg = GrammarCompiler(info, cache_size=0).compile_json_schema(schema)
     m = GrammarMatcher(cg)
     states = []
     for ch in doc:
         states.append(int(m._s))
         assert m.accept_string(ch)
-    lexer = m._lexer
+    return cg, m._lexer, states
+
+
+def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_proofs(llama3, monkeypatch):
+    """``SliceChecker.skip_flags`` answers "not contained" without a proof for a slice that may
+    begin with a byte on which the state's row is dead. The flags must be the proofs' own, on
+    every state of a document (inside strings, numbers, between tokens), and the shortcut must
+    actually spare proofs. A state not expanded yet is expanded first (its row answers)."""
+    proofs = _count_proofs(monkeypatch)
+    schema = {"type": "object", "properties": {
+        "name": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"},
+        "tag": {"type": "string", "maxLength": 12, "pattern": "^[a-z]+( [a-z]+)*$"},
+        "kind": {"enum": ["alpha", "beta"]}, "ok": {"type": "boolean"}}}
+    doc = '{"name": "R\\u00e9mi \\"x\\" caf\u00e9", "n": -120, "x": 3.5e-2, "tag": "ab cd", "kind": "beta", "ok": true}'
+    cg, lexer, states = _states_of(llama3, schema, doc)
     fast = cg.slicer_of(lexer)
     # a checker without the shortcut: no slice has a first byte to be dead on
     slow = slicer.SliceChecker(lexer)
@@ -193,28 +205,14 @@ def test_slices_ordered_by_prefix_follow_from_one_proof_and_agree_with_proving_e
     assert below[0] == [] and below[1] == [0] and {0, 1} <= set(below[2])   # {1,10} < {11,30} < {31,}
     assert all(k in above[j] for k in range(4) for j in below[k])
 
-    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 10.0)
-    proofs = [0]
-    contained = slicer.SliceChecker._contained
-
-    def counting(ex, u, e, max_seconds):
-        proofs[0] += 1
-        return contained(ex, u, e, max_seconds)
-
-    monkeypatch.setattr(slicer.SliceChecker, "_contained", staticmethod(counting))
+    proofs = _count_proofs(monkeypatch)
     schema = {"type": "object", "properties": {
         "free": {"type": "string"}, "short": {"type": "string", "maxLength": 20},
         "long": {"type": "string", "minLength": 40},
         "tag": {"type": "string", "pattern": "^[a-z]+( [a-z]+)*$"}, "kind": {"enum": ["alpha", "beta"]}}}
     doc = ('{"free": "caf\u00e9 \\"x\\" and more", "short": "abc def", "long": "' + "x" * 45
            + '", "tag": "ab cd", "kind": "beta"}')
-    cg = GrammarCompiler(llama3, cache_size=0).compile_json_schema(schema)
-    m = GrammarMatcher(cg)
-    states = []
-    for ch in doc:
-        states.append(int(m._s))
-        assert m.accept_string(ch)
-    lexer = m._lexer
+    cg, lexer, states = _states_of(llama3, schema, doc)
     ordered = cg.slicer_of(lexer)
     each = slicer.SliceChecker(lexer)   # no order: every slice proved
     each._below = each._above = [[] for _ in each.exprs]

@@ -144,6 +144,7 @@ def lookup_start(st_keys: np.ndarray, st_vals: np.ndarray, key: np.int64) -> np.
 
 @njit(nogil=True, cache=True)
 def _put_start(st_keys, st_vals, key, s):
+    """Add ``key -> s`` to the start table (open addressing; room must be there)."""
     mask = st_keys.shape[0] - 1
     j = key & mask
     while st_keys[j] != 0:
@@ -990,24 +991,14 @@ class Lexer:
         nv = np.zeros(cap, dtype=np.int32)
         for k, v in zip(keys.tolist(), vals.tolist()):
             if k:
-                self._put(nk, nv, k, v)
+                _put_start(nk, nv, k, v)
         self.st_vals, self.st_keys = nv, nk
         self._publish()
 
     def _insert_start(self, key: int, s: int) -> None:
         self._room_for_starts(1)
-        # write the value before the key: a concurrent reader never sees a key without value
-        self._put(self.st_keys, self.st_vals, key, s)
+        _put_start(self.st_keys, self.st_vals, key, s)
         self._n_start += 1
-
-    @staticmethod
-    def _put(keys: np.ndarray, vals: np.ndarray, key: int, s: int) -> None:
-        mask = keys.shape[0] - 1
-        j = key & mask
-        while keys[j] != 0:
-            j = (j + 1) & mask
-        vals[j] = s
-        keys[j] = key
 
     def warm_up(self, start: int, budget: int = 256) -> None:
         """Expand states reachable from ``start`` breadth first, at most ``budget`` of them
