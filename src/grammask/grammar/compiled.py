@@ -171,6 +171,21 @@ class CompiledGrammar:
             self.resolve(st, stack, missing, lexer)
         raise GrammarError(error)
 
+    def call_building(self, kernel, stack: ParseStack, missing: MissingRequests, head: tuple, tail: tuple,
+                      lexer: Lexer):
+        """Call the building variant of a kernel, ``kernel(*head, G, L, P, M, *tail, XE)``, once:
+        holding ``lexer``'s lock, with an expander (:meth:`.Lexer.inline_expander`), so that it
+        builds the lexer states it meets as it meets them (:func:`.lexer.inline_resolve`); what
+        the read-only call before it recorded is dropped (this call meets it again). Returns what
+        the kernel returned; what it left to Python is in ``missing``, for :meth:`resolve`. An eager
+        lexer only (docs/mask.md, section 4b)."""
+        with lexer.lock, lexer.counting():
+            XE = lexer.inline_expander()
+            missing.counts[:] = 0
+            r = kernel(*head, self.G, lexer.tables, stack.arrays, missing, *tail, XE)
+            lexer.after_inline(XE)
+        return r
+
     def resolve(self, status: int, stack: ParseStack, M: MissingRequests, lexer: Lexer | None = None) -> None:
         """Act on a kernel's request: build missing lexer states/start sets (in ``lexer``,
         default the newest generation), or grow arrays."""

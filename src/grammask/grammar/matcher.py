@@ -169,13 +169,8 @@ class GrammarMatcher:
                             self._out, None)
         if st == MISSING and lexer.eager:
             # again, building what is missing as it goes (see fill_words)
-            M = self._M
-            with lexer.lock, lexer.counting():
-                XE = lexer.inline_expander()
-                M.counts[:] = 0
-                st = _advance_bytes_x(arr, self._s, self._h, self.compiled.G, lexer.tables, self._stack.arrays, M,
-                                      self._out, XE)
-                lexer.after_inline(XE)
+            st = self.compiled.call_building(_advance_bytes_x, self._stack, self._M, (arr, self._s, self._h),
+                                             (self._out,), lexer)
         if st != OK and st != REJECT:
             self.compiled.resolve(st, self._stack, self._M, lexer)
             st = self._call(_advance_bytes, arr, self._s, self._h, tail=(self._out, None))
@@ -310,11 +305,7 @@ class GrammarMatcher:
         # asked for, call again) only for what that left
         st = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail)
         if st == MISSING and lexer.eager:
-            with lexer.lock, lexer.counting():
-                E = lexer.inline_expander()
-                M.counts[:] = 0
-                st = fx(*head, comp.G, lexer.tables, stack.arrays, M, w, mc.store, words, E)
-                lexer.after_inline(E)
+            st = comp.call_building(fx, stack, M, head, (w, mc.store, words), lexer)
         if st != OK and st != REJECT:
             comp.resolve(st, stack, M, lexer)
             comp.run(fn, stack, M, head, tail, _FILL_ERROR, lexer)
