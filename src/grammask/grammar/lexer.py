@@ -171,20 +171,33 @@ def register_starts(start_lex, start_off, n_sets, lexemes, lex_null, g0, X, tran
         key = lexeme_set_hash(start_lex[a:], k)
         s = lookup_start(st_keys, st_vals, key)
         if s == UNKNOWN:
-            for j in range(k):
-                lx = start_lex[a + j]
-                g = g0[lx]
-                if g < 0:
-                    g = lexdfa.g_intern(X, lexemes[lx], lx, lex_null[lx])
-                    g0[lx] = g
-                buf[j] = g
-            s = lexdfa.intern_members(buf, k, X, trans, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max)
+            s = _make_start(start_lex, a, k, key, lexemes, lex_null, g0, X, trans, state_acc, acc_off, acc_lex, D,
+                            buf, abuf, max_states, hard_max, st_keys, st_vals)
             if s < 0:
                 return -1
-            _put_start(st_keys, st_vals, key, s)
             added += 1
         out[i] = s
     return added
+
+
+@njit(nogil=True, cache=True)
+def _make_start(lex, a, k, key, lexemes, lex_null, g0, X, trans, state_acc, acc_off, acc_lex, D, buf, abuf,
+                max_states, hard_max, st_keys, st_vals):
+    """The start state of the lexeme set ``lex[a:a + k]`` (hash ``key``, not registered yet): the
+    DFA state of each lexeme's start (``g0``, made where missing), the lexer state of those
+    (:func:`.lexdfa.intern_members`), registered in the start table. Room must be there. -1
+    past ``hard_max`` states."""
+    for j in range(k):
+        lx = lex[a + j]
+        g = g0[lx]
+        if g < 0:
+            g = lexdfa.g_intern(X, lexemes[lx], lx, lex_null[lx])
+            g0[lx] = g
+        buf[j] = g
+    s = lexdfa.intern_members(buf, k, X, trans, state_acc, acc_off, acc_lex, D, abuf, max_states, hard_max)
+    if s >= 0:
+        _put_start(st_keys, st_vals, key, s)
+    return s
 
 
 _register_starts = FastCall(register_starts)
@@ -249,21 +262,10 @@ def _inline_start(E, X, D, lex, a, k):
             or cnt[3] + k > E.acc_lex.shape[0] or 2 * (cnt[2] + 1) > D.a_keys.shape[0]
             or 2 * (cfg[X_N_START] + 1) > E.st_keys.shape[0] or k > E.buf.shape[0]):
         return -1
-    buf = E.buf
-    g0 = E.g0
-    for j in range(k):
-        lx = lex[a + j]
-        g = g0[lx]
-        if g < 0:
-            g = lexdfa.g_intern(X, E.lexemes[lx], lx, E.lex_null[lx])
-            g0[lx] = g
-        buf[j] = g
-    s = lexdfa.intern_members(buf, k, X, E.trans, E.state_acc, E.acc_off, E.acc_lex, D, E.abuf, cfg[X_MAX_STATES],
-                              cfg[X_HARD])
-    if s < 0:
-        return -1
-    _put_start(E.st_keys, E.st_vals, key, s)
-    cfg[X_N_START] += 1
+    s = _make_start(lex, a, k, key, E.lexemes, E.lex_null, E.g0, X, E.trans, E.state_acc, E.acc_off, E.acc_lex, D,
+                    E.buf, E.abuf, cfg[X_MAX_STATES], cfg[X_HARD], E.st_keys, E.st_vals)
+    if s >= 0:
+        cfg[X_N_START] += 1
     return s
 
 
@@ -712,8 +714,9 @@ class Lexer:
                     self.expand(s, 0)
 
     def inline_expander(self):
-        """An expander tuple (:data:`Expander` and its records) over this lexer's arrays for one mask call that builds the states it
-        meets (:func:`inline_resolve`), after room is made for a round's worth of them. The caller
+        """An expander tuple (:data:`Expander` and its records) over this lexer's arrays, for one
+        kernel call that builds the states it meets (:func:`inline_resolve`), after room is made
+        for a round's worth of them. The caller
         holds ``self.lock`` (and ``counting()``) until the call returned and :meth:`after_inline`
         ran: the kernel writes the arrays as :meth:`expand_many` does."""
         self._room_for_seeds(16)

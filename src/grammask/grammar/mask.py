@@ -251,7 +251,7 @@ def _push(stack, sp, kind, a, b, c, d, e):
 
 
 @njit(nogil=True, cache=True)
-def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, E):
+def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
     """The trie walk of a mask, as a depth-first loop over work items (``stack[:sp]``, see
     :data:`_RANGE`): node ranges walked node by node, and entries of the state cache (the root
     entry's groups ``Cgs``/``Cgb``/``Cgo``/``Cn``, nested entries in ``S``) read group by group.
@@ -326,7 +326,7 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, E):
                         st, t, _h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
                         if st != OK:
                             if st == MISSING:
-                                if inline_resolve(E, M, m0, m1, m2):
+                                if inline_resolve(XE, M, m0, m1, m2):
                                     continue   # built in this call: the same group again
                                 incomplete = True
                             elif st != REJECT:
@@ -399,7 +399,7 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, E):
                         i = node_end[i]
                         continue
                     if st == MISSING:
-                        if inline_resolve(E, M, m0, m1, m2):
+                        if inline_resolve(XE, M, m0, m1, m2):
                             continue   # built in this call: the same node again
                         incomplete = True
                         # a small subtree below a state not expanded yet (long tokens: runs of
@@ -432,7 +432,7 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, E):
 
 
 @njit(nogil=True, cache=True)
-def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, E):
+def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, XE):
     """Append to ``W.found`` every token of the trie allowed from lexer state ``s0`` over ``h0``
     rows, jumping over the forest segments ``k`` with ``seg_skip[k]`` (slices whose precomputed
     mask is used instead). ``F.node_tok[i]`` is the token ending at node ``i`` or -1: the append
@@ -463,7 +463,7 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, E):
     e32 = F.dup_first[:0]
     # no root entry: empty group arrays (views, nothing allocated)
     return _walk_dfs(stack, sp, e32, e32, W.req[:0], e32, F, G, L, P, M, W, S,
-                     row_top(P, h0), E)
+                     row_top(P, h0), XE)
 
 
 @njit(nogil=True, cache=True)
@@ -506,14 +506,15 @@ def _assemble(F, combo, can, tok_words, toks, W, nf, words):
 
 
 @njit(nogil=True, cache=True)
-def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, S, words, E):
+def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, S, words, XE):
     """One whole mask row into ``words`` (uint32, ``ceil(V/32)`` words): the precomputed mask
     of the skipped slices (``F.combo_words``), the tokens the trie walk finds, tokens that share
     bytes with a found one, and the stop tokens when the grammar can end. Returns a status.
-    ``E`` (a :data:`~.lexer.Expander`): when on, the walk builds the lexer states it meets
-    missing itself (:func:`~.lexer.inline_resolve`) and steps on, instead of skipping their
-    subtrees for a Python round and a walk again; off, it builds nothing."""
-    st, nf = walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, E)
+    ``XE``: None (the read-only variant: it builds nothing), or an expander
+    (:meth:`.Lexer.inline_expander`): the walk then builds the lexer states it meets missing
+    itself (:func:`~.lexer.inline_resolve`) and steps on, instead of skipping their subtrees for a
+    Python round and a walk again."""
+    st, nf = walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, XE)
     if st != OK:
         return st
     st, can = can_end(s0, h0, lex_len, G, L, P, M)
@@ -535,7 +536,7 @@ StateCache = namedtuple("StateCache", "tok_words toks grp_state grp_byte grp_off
 
 
 @njit(nogil=True, cache=True)
-def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, E):
+def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, XE):
     """:func:`fill_mask` from a state's cache ``C`` (:data:`StateCache`, built by
     :func:`~.state_cache.build_entry` for ``s0`` with the same slices skipped, ``combo``): the
     cached tokens as they are, one parser step per group of lexeme ends, and below the groups the
@@ -545,7 +546,7 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, E):
     sp = _push(stack, 0, _ENTRY, -1, 0, -1, h0, -2)
     W.req[0] = 0
     st, nf = _walk_dfs(stack, sp, C.grp_state, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,
-                       row_top(P, h0), E)
+                       row_top(P, h0), XE)
     if st != OK:
         return st
     st, can = can_end(s0, h0, lex_len, G, L, P, M)
@@ -558,7 +559,7 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, E):
 @njit(nogil=True, cache=True)
 def advance_bytes(data, s, h, G, L, P, M, out, XE):
     """Feed ``data`` from (``s``, ``h``); on OK, ``out = [state, height]``. ``XE``: as
-    :func:`fill_mask`'s (a state missing on the way is built here when it is on)."""
+    :func:`fill_mask`'s (with an expander, a state missing on the way is built here)."""
     cache_top = row_top(P, h)
     i = 0
     n = data.shape[0]
