@@ -397,6 +397,7 @@ class Lexer:
         self.st_keys = np.zeros(256, dtype=np.int64)
         self.st_vals = np.zeros(256, dtype=np.int32)
         self._n_start = 0
+        self._expander = None   # (its arrays, the Expander record) of inline_expander
         self.expanded = np.zeros(cap, dtype=np.bool_)
         #: what this generation added to its ExprSet while it grew (expressions, memoised
         #: derivatives, moves): counted by :meth:`counting` for :meth:`held_bytes`
@@ -718,23 +719,27 @@ class Lexer:
         kernel call that builds the states it meets (:func:`inline_resolve`), after room is made
         for a round's worth of them. The caller
         holds ``self.lock`` (and ``counting()``) until the call returned and :meth:`after_inline`
-        ran: the kernel writes the arrays as :meth:`expand_many` does."""
-        self._room_for_seeds(16)
+        ran: the kernel writes the arrays as :meth:`expand_many` does. The record is kept and
+        used again while its arrays are the lexer's (its ``cfg`` and ``failed`` set anew): making
+        one costs more than most building calls (~11 us), and a first visit makes many calls."""
+        # room for a round (_room_for_seeds' too: the queue _reserve leaves holds 16 seeds)
         self._reserve(EAGER_RESOLVE_BUDGET, 8)
+        if self._free_queue.shape[0] < EAGER_FREE_ROWS:
+            self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
         self._reserve_g(EAGER_FREE_ROWS + 64)
         self._room_for_starts(16)
-        cfg = np.zeros(11, np.int64)
-        cfg[X_ON] = 1
-        cfg[X_BUDGET] = self.resolve_budget
-        cfg[X_MAX_STATES] = self.max_states
-        cfg[X_HARD] = self.hard_max_states
-        cfg[X_FREE] = EAGER_FREE_ROWS
-        cfg[X_MAX_STORED] = rowstore.MAX_STORED_EXPRS
-        cfg[X_N_START] = self._n_start
-        cfg[X_MAX_ROUNDS] = INLINE_MAX_ROUNDS
-        E = kstruct(Expander(cfg, self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._buf,
-                             self._pbuf, self._ibuf, self._abuf, self._free_queue, self._rows_out, self._lex_arr,
-                             self._lex_null, self._g0, self.st_keys, self.st_vals, np.full(16, -1, np.int32)))
+        arrays = (self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._buf, self._pbuf,
+                  self._ibuf, self._abuf, self._free_queue, self._rows_out, self._lex_arr, self._lex_null, self._g0,
+                  self.st_keys, self.st_vals)
+        kept = self._expander
+        if kept is None or any(a is not b for a, b in zip(kept[0], arrays)):
+            E = kstruct(Expander(np.zeros(11, np.int64), *arrays, np.full(16, -1, np.int32)))
+            self._expander = kept = (arrays, E)
+        E = kept[1]
+        # X_ON, X_BUDGET, X_MAX_STATES, X_HARD, X_FREE, X_MAX_STORED, X_N_START, X_ROUNDS,
+        # X_MAX_ROUNDS, X_SPEC, X_FAILED (``failed`` is read below its count only)
+        E.cfg[:] = (1, self.resolve_budget, self.max_states, self.hard_max_states, EAGER_FREE_ROWS,
+                    rowstore.MAX_STORED_EXPRS, self._n_start, 0, INLINE_MAX_ROUNDS, 0, 0)
         return (E, self._X, self._D, self.exprs._S, rowstore.row_store(self.exprs).arrays)
 
     def after_inline(self, E) -> None:
