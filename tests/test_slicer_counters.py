@@ -177,6 +177,7 @@ def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_p
     # a checker without the shortcut: no slice has a first byte to be dead on
     slow = slicer.SliceChecker(lexer)
     slow._first_table = np.zeros_like(slow._first_table)
+    slow._shared = {}   # its own flags, not those the grammar's checker shares in the ExprSet
     # states made (as targets of moves) but not expanded yet: the checker expands them first
     fresh = [s for s in range(lexer.n_states) if not lexer.expanded[s]][:20]
     assert fresh
@@ -191,6 +192,35 @@ def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_p
     for s in states:
         assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
     assert any(got[s][1] for s in states), "no state had a contained slice"
+
+
+def test_grammars_of_one_compiler_share_the_flags_of_equal_member_sets(llama3, monkeypatch):
+    """The skip flags of a lexer state depend on its member expressions alone, so the grammars
+    compiled into one ExprSet share them: a second grammar whose string state has the members of
+    the first's proves nothing, and its flags are those its own proofs give."""
+    proofs = _count_proofs(monkeypatch)
+    comp = GrammarCompiler(llama3, cache_size=0)
+
+    def string_state(schema, prefix):
+        cg = comp.compile_json_schema(schema)
+        m = GrammarMatcher(cg)
+        assert m.accept_string(prefix)
+        return cg, m._lexer, int(m._s)
+
+    cg1, lx1, s1 = string_state({"type": "object", "properties": {"name": {"type": "string"}}}, '{"name": "ab')
+    cg2, lx2, s2 = string_state({"type": "array", "items": {"type": "string"}}, '["ab')
+    assert lx1.exprs is lx2.exprs and lx1 is not lx2
+    assert {x for _, x in lx1.state_members(s1)} == {x for _, x in lx2.state_members(s2)}
+    proofs[0] = 0
+    first = cg1.slicer_of(lx1).skip_flags(s1)
+    assert proofs[0] > 0 and first[1], "the free string's slices were not proved"
+    proofs[0] = 0
+    second = cg2.slicer_of(lx2).skip_flags(s2)
+    assert proofs[0] == 0, "the second grammar proved again"
+    own = slicer.SliceChecker(lx2)
+    own._shared = {}
+    assert np.array_equal(second[0], own.skip_flags(s2)[0]) and second[1] == own.skip_flags(s2)[1]
+    assert proofs[0] > 0
 
 
 def test_slices_ordered_by_prefix_follow_from_one_proof_and_agree_with_proving_each(llama3, monkeypatch):
@@ -216,6 +246,7 @@ def test_slices_ordered_by_prefix_follow_from_one_proof_and_agree_with_proving_e
     ordered = cg.slicer_of(lexer)
     each = slicer.SliceChecker(lexer)   # no order: every slice proved
     each._below = each._above = [[] for _ in each.exprs]
+    each._shared = {}
     proofs[0] = 0
     got = {s: ordered.skip_flags(s) for s in states}
     n_ordered = proofs[0]

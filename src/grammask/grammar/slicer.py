@@ -73,6 +73,9 @@ MAX_CHECK_PAIRS = 50_000
 #: until 2026-11, then 0.03 s: the slowest masks of MaskBench were proofs running out of it;
 #: docs/slicer.md)
 STATE_PROOF_SECONDS = 0.01
+#: entries of an ExprSet's memo of skip flags per set of member expressions before it is cleared
+#: (a few hundred bytes each)
+MAX_SHARED_FLAGS = 50_000
 
 #: the forest as the mask kernel reads it (see :class:`SliceForest`)
 ForestArrays = namedtuple("ForestArrays", "node_byte node_depth node_end node_tok seg_start seg_end "
@@ -258,14 +261,19 @@ class SliceChecker:
             #: per slice, its expression, and a [slice, byte] table of the bytes its strings can
             #: begin with (a necessary condition of containment, below: all slices at once)
             self.exprs, self._first_table, (self._below, self._above) = cache[patterns]
-        self._cache: dict[int, np.ndarray] = {}
+            #: member expressions -> flags, shared by the grammars of the ExprSet (bounded)
+            self._shared = ex.__dict__.setdefault("_skip_flags", {}).setdefault(patterns, {})
+        self._cache: dict[int, tuple[np.ndarray, int]] = {}
 
     @property
     def lexer(self):
         return self._lexer()
 
     def skip_flags(self, s: int) -> tuple[np.ndarray, int]:
-        """(per-slice skip flags, their combination index) for lexer state ``s``."""
+        """(per-slice skip flags, their combination index) for lexer state ``s``: per state, and
+        per set of member expressions in the ExprSet (the flags depend on those alone: every
+        grammar compiled into the ExprSet shares them, as a string's states recur in most
+        schemas)."""
         f = self._cache.get(s)
         if f is None:
             lexer = self.lexer
@@ -273,46 +281,58 @@ class SliceChecker:
                 # the walk from ``s`` asks for its row first thing: build it now (the same
                 # expansion a kernel round would ask for), which also lets the row answer below
                 lexer.expand_many([s], lexer.resolve_budget)
-            flags = np.zeros(len(self.exprs), np.int32)
-            combo = 0
-            # a slice whose strings may begin with a byte on which the state's row is dead
-            # (no member lives after it) is not contained: no proof needed. Most states
-            # outside strings end here (an expanded row is never written again: read unlocked).
-            dead = lexer.trans[s * 256:(s + 1) * 256] == DEAD
-            todo = np.flatnonzero(~(self._first_table & dead).any(1)).tolist()
-            if todo:
-                with lexer.lock, lexer.counting():
-                    # one time budget for all the slices of a state: a state whose first proof runs
-                    # out of time rarely has cheap ones after it, and the mask waits for all of them
-                    deadline = time.monotonic() + STATE_PROOF_SECONDS
-                    ex = lexer.exprs
-                    # the union of the state's expressions: the same for every slice
-                    u = ex.alt(*[x for _, x in lexer.state_members(s)])
-                    # slices whose strings are all prefixes of another's strings (``{1,10}`` of
-                    # ``{11,30}``'s) follow from it: a slice contained makes those below it
-                    # contained, one not contained (or not proved) those above it not proved.
-                    # So the lowest slice is proved first, then the highest above it, and so on.
-                    known = dict.fromkeys(todo)
-                    below, above = self._below, self._above
-                    up = False
-                    while True:
-                        left = [k for k, v in known.items() if v is None]
-                        if not left:
-                            break
-                        k = max(left, key=(lambda j: len(below[j])) if up else (lambda j: len(above[j])))
-                        rest = deadline - time.monotonic()
-                        up = rest > 0 and self._contained(ex, u, self.exprs[k], rest)
-                        known[k] = up
-                        for j in (below[k] if up else above[k]):
-                            if j in known and known[j] is None:
-                                known[j] = up
-                    for k, v in known.items():
-                        if v:
-                            flags[k] = 1
-                            combo |= 1 << k
-            f = (flags, combo)
+            members = lexer.state_members(s)
+            key = tuple(sorted({x for _, x in members}))
+            shared = self._shared
+            f = shared.get(key)
+            if f is None:
+                f = self._prove(lexer, s, members)
+                if len(shared) >= MAX_SHARED_FLAGS:
+                    shared.clear()
+                shared[key] = f
             self._cache[s] = f
         return f
+
+    def _prove(self, lexer, s: int, members) -> tuple[np.ndarray, int]:
+        """:meth:`skip_flags` of state ``s`` (expanded; its ``members``), proved."""
+        flags = np.zeros(len(self.exprs), np.int32)
+        combo = 0
+        # a slice whose strings may begin with a byte on which the state's row is dead
+        # (no member lives after it) is not contained: no proof needed. Most states
+        # outside strings end here (an expanded row is never written again: read unlocked).
+        dead = lexer.trans[s * 256:(s + 1) * 256] == DEAD
+        todo = np.flatnonzero(~(self._first_table & dead).any(1)).tolist()
+        if todo:
+            with lexer.lock, lexer.counting():
+                # one time budget for all the slices of a state: a state whose first proof runs
+                # out of time rarely has cheap ones after it, and the mask waits for all of them
+                deadline = time.monotonic() + STATE_PROOF_SECONDS
+                ex = lexer.exprs
+                # the union of the state's expressions: the same for every slice
+                u = ex.alt(*[x for _, x in members])
+                # slices whose strings are all prefixes of another's strings (``{1,10}`` of
+                # ``{11,30}``'s) follow from it: a slice contained makes those below it
+                # contained, one not contained (or not proved) those above it not proved.
+                # So the lowest slice is proved first, then the highest above it, and so on.
+                known = dict.fromkeys(todo)
+                below, above = self._below, self._above
+                up = False
+                while True:
+                    left = [k for k, v in known.items() if v is None]
+                    if not left:
+                        break
+                    k = max(left, key=(lambda j: len(below[j])) if up else (lambda j: len(above[j])))
+                    rest = deadline - time.monotonic()
+                    up = rest > 0 and self._contained(ex, u, self.exprs[k], rest)
+                    known[k] = up
+                    for j in (below[k] if up else above[k]):
+                        if j in known and known[j] is None:
+                            known[j] = up
+                for k, v in known.items():
+                    if v:
+                        flags[k] = 1
+                        combo |= 1 << k
+        return flags, combo
 
     @staticmethod
     def _contained(ex: ExprSet, u: int, e: int, max_seconds: float) -> bool:
