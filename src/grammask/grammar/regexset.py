@@ -330,6 +330,11 @@ class ExprSet:
         flag, set as nodes are made)."""
         return bool(self._S.ctr[e])
 
+    def counter_flags(self):
+        """:meth:`has_counter` of every node, indexable (a view of the store's flags: valid
+        until the next node is made)."""
+        return memoryview(self._S.ctr)
+
     @property
     def n_derivs(self) -> int:
         """Derivatives made so far (all time; each memoised in the store)."""

@@ -643,23 +643,34 @@ def _post_order(ex: ExprSet, e: int, done: dict, skip_not: bool = False,
     counter that :func:`capped` may lower (:meth:`.ExprSet.has_counter`, a flag of the store):
     capping leaves it as it is, and a large one (an enum of hundreds of strings beside a
     ``maxLength``) was most of a first mask's time."""
+    if e in done or (counted_only and not ex.has_counter(e)):
+        return []
+    kind, args = ex.kind, ex.args
+    ctr = ex.counter_flags() if counted_only else None
     order: list[int] = []
     seen: set[int] = set()
-    stack = [(e, False)]
+    # ``~x`` marks the second visit of ``x`` (its children done); children done or (with
+    # ``counted_only``) without a counter are never pushed
+    stack = [e]
     while stack:
-        x, expanded = stack.pop()
-        if expanded:
-            order.append(x)
+        x = stack.pop()
+        if x < 0:
+            order.append(~x)
             continue
-        if x in seen or x in done or (counted_only and not ex.has_counter(x)):
+        if x in seen:
             continue
         seen.add(x)
         if len(seen) > MAX_CAP_NODES:
             return None
-        stack.append((x, True))
-        k = ex.kind[x]
+        stack.append(~x)
+        k = kind[x]
         if k == REPEAT:
-            stack.append((ex.args[x][0], False))
-        elif k in (CONCAT, OR) or (k == AND and not skip_and) or (k == NOT and not skip_not):
-            stack.extend((y, False) for y in ex.args[x])
+            ys = (args[x][0],)
+        elif k == CONCAT or k == OR or (k == AND and not skip_and) or (k == NOT and not skip_not):
+            ys = args[x]
+        else:
+            continue
+        for y in ys:
+            if y not in seen and y not in done and (ctr is None or ctr[y]):
+                stack.append(y)
     return order
