@@ -50,6 +50,9 @@ MAX_PREFIX_CACHE = 2_000_000
 MAX_COUNT = 1 << 62
 #: entries of ExprSet.counted_need_bound's memo before it starts over
 MAX_NEED_MEMO = 200_000
+#: entries of the Python memos of :meth:`ExprSet.literal` and :meth:`ExprSet.concat` of two
+#: before each is cleared (~100 bytes an entry)
+MAX_CALL_MEMO = 100_000
 #: pairs :meth:`ExprSet._counted_need` may meet before it leaves a pair to the other searches
 NEED_EXACT_PAIRS = 4_000
 #: pairs :meth:`ExprSet._counted_bits` may meet (it meets every pair reachable: a minLength's
@@ -166,6 +169,8 @@ class ExprSet:
         self._mv = (None,) * 10             # memoryviews of the store's arrays (see _views)
         self._deriv: dict[int, int] = {}    # e << 8 | byte -> derivative (asked for from Python)
         self._bytes_ids: dict[int, int] = {}   # byte mask -> its byte set
+        self._literals: dict[bytes, int] = {}   # literal() of two bytes or more (bounded)
+        self._concats: dict[int, int] = {}      # a << 32 | b -> concat(a, b) (bounded)
         self._classes: dict[int, tuple[int, ...]] = {}
         self._alive: dict[int, bool] = {}
         self._minlen: dict[int, float] = {}
@@ -386,7 +391,14 @@ class ExprSet:
             return self._byte_ids[data[0]] or self._single_byte(data[0])
         if not data:
             return EPS
-        return self._call(_py_literal, np.frombuffer(data, np.uint8))
+        memo = self._literals
+        r = memo.get(data)
+        if r is None:
+            r = self._call(_py_literal, np.frombuffer(data, np.uint8))
+            if len(memo) >= MAX_CALL_MEMO:
+                memo.clear()
+            memo[data] = r
+        return r
 
     def concat(self, *xs: int) -> int:
         n = len(xs)
@@ -395,7 +407,18 @@ class ExprSet:
         return self._list_call(_py_concat, xs)
 
     def _concat2(self, a: int, b: int) -> int:
-        return self._call(_py_concat2, a, b)
+        # memoised here too: the store hash-conses, but a compile asks again for most of its
+        # pairs (the same leading whitespace and token, key and colon: 4 in 5 calls on
+        # MaskBench), and a dict read costs a tenth of the kernel call
+        k = a << 32 | b
+        memo = self._concats
+        r = memo.get(k)
+        if r is None:
+            r = self._call(_py_concat2, a, b)
+            if len(memo) >= MAX_CALL_MEMO:
+                memo.clear()
+            memo[k] = r
+        return r
 
     def alt(self, *xs: int) -> int:
         if len(xs) == 1 and self.kind[xs[0]] != OR:
