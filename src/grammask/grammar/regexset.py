@@ -53,6 +53,9 @@ MAX_NEED_MEMO = 200_000
 #: entries of the Python memos of :meth:`ExprSet.literal` and :meth:`ExprSet.concat` of two
 #: before each is cleared (~100 bytes an entry)
 MAX_CALL_MEMO = 100_000
+#: the same for concat/alt/intersect of a list (:meth:`ExprSet._list_call`)
+MAX_LIST_MEMO = 100_000
+MAX_LIST_MEMO_LEN = 16
 #: pairs :meth:`ExprSet._counted_need` may meet before it leaves a pair to the other searches
 NEED_EXACT_PAIRS = 4_000
 #: pairs :meth:`ExprSet._counted_bits` may meet (it meets every pair reachable: a minLength's
@@ -79,6 +82,8 @@ _py_concat = FastCall(ns.py_concat)
 _py_alive = FastCall(ns.py_alive)
 _py_complement = FastCall(ns.py_complement)
 _py_repeat = FastCall(ns.py_repeat)
+#: the kernels of ExprSet._list_call, tagged in its memo's keys (a tag, then 32 bits an id)
+_LIST_TAG = {_py_concat: 1, _py_alt: 2, _py_intersect: 3}
 _py_deriv = FastCall(ns.py_deriv)
 _py_literal = FastCall(ns.py_literal)
 _py_transitions = FastCall(ns.py_transitions)
@@ -171,6 +176,7 @@ class ExprSet:
         self._bytes_ids: dict[int, int] = {}   # byte mask -> its byte set
         self._literals: dict[bytes, int] = {}   # literal() of two bytes or more (bounded)
         self._concats: dict[int, int] = {}      # a << 32 | b -> concat(a, b) (bounded)
+        self._lists: dict[int, int] = {}        # (kernel, ids) packed -> concat/alt/intersect (bounded)
         self._classes: dict[int, tuple[int, ...]] = {}
         self._alive: dict[int, bool] = {}
         self._minlen: dict[int, float] = {}
@@ -346,6 +352,23 @@ class ExprSet:
         return int(self._S.cnt[ns.C_DERIVS])
 
     def _list_call(self, fn, xs) -> int:
+        # memoised like concat2 (up to MAX_LIST_MEMO_LEN ids): the key packs the kernel's tag
+        # and the ids into one int (no tuple keys: see __init__)
+        if len(xs) > MAX_LIST_MEMO_LEN:
+            return self._list_call_store(fn, xs)
+        k = _LIST_TAG[fn]
+        for x in xs:
+            k = k << 32 | x
+        memo = self._lists
+        r = memo.get(k)
+        if r is None:
+            r = self._list_call_store(fn, xs)
+            if len(memo) >= MAX_LIST_MEMO:
+                memo.clear()
+            memo[k] = r
+        return r
+
+    def _list_call_store(self, fn, xs) -> int:
         S = self._S
         n = len(xs)
         if n > S.xs.shape[0]:
