@@ -65,3 +65,51 @@ def test_shared_token_memos_are_hit_by_later_schemas():
     n_num, n_str = len(shared["number_tokens"]), len(shared["string_tokens"])
     json_schema_grammar(SCHEMAS[5], exprs=ex)   # the same integer and string constraints
     assert (len(shared["number_tokens"]), len(shared["string_tokens"])) == (n_num, n_str)
+
+
+@pytest.mark.parametrize("cap", [0, 1, 3])
+def test_expression_call_memos_are_bounded_and_change_no_expression(cap, monkeypatch):
+    """ExprSet's Python memos of literal(), concat() and the list constructors answer what the
+    compiled store answers: with them cleared at every entry (cap 0) or tiny, the compiles make
+    the same grammars and the same expressions in the same order, and the memos stay bounded."""
+    import grammask.grammar.regexset as regexset
+
+    want, ex0 = _compile_all()
+    monkeypatch.setattr(regexset, "MAX_CALL_MEMO", cap)
+    monkeypatch.setattr(regexset, "MAX_LIST_MEMO", cap)
+    got, ex = _compile_all()
+    assert got == want
+    assert ex.args == ex0.args
+    for memo in (ex._literals, ex._concats, ex._lists):
+        assert len(memo) <= max(cap, 1)
+    assert ex0._literals and ex0._concats and ex0._lists
+
+
+def test_a_reference_is_the_rule_of_its_target():
+    """A ``$ref`` adds no rule of its own: referring to a definition from two places makes the
+    grammar of writing it once, and a recursive reference still derives the nesting."""
+    item = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+    inline = {"type": "object", "properties": {"x": item}}
+    by_ref = {"type": "object", "properties": {"x": {"$ref": "#/definitions/item"}, "y": {"$ref": "#/definitions/item"}},
+              "definitions": {"item": item}}
+    once = {"type": "object", "properties": {"x": item, "y": item}}
+    ex = ExprSet()
+
+    def n_rules(schema):
+        return len(lower(json_schema_grammar(schema, exprs=ex), "root", check_lexemes=False).nt_prod_lo)
+
+    # x and y share the rule of item, as when the same schema object is written twice
+    assert n_rules(by_ref) == n_rules(once)
+    assert n_rules(by_ref) == n_rules({"type": "object", "properties": {"x": item, "y": {"$ref": "#/properties/x"}}})
+    assert n_rules(inline) < n_rules(by_ref)
+
+    from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
+
+    tree = {"$ref": "#/definitions/node", "definitions": {"node": {
+        "type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/definitions/node"}}},
+        "additionalProperties": False}}}
+    info = TokenizerInfo.from_vocab([bytes([i]) for i in range(256)] + [b"<eos>"], stop_token_ids=[256])
+    cg = GrammarCompiler(info).compile_json_schema(tree)
+    for doc, ok in (('{"kids": [{"kids": []}, {"kids": [{}]}]}', True), ('{"kids": [{"kid": []}]}', False)):
+        m = GrammarMatcher(cg)
+        assert (m.accept_string(doc) and m.can_terminate()) == ok, doc

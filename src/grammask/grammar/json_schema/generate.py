@@ -34,6 +34,18 @@ def _member_counter(mx: int | None, cap: int):
 
     return cnt, can_add
 
+def _ref_target(node: Ref) -> Node | None:
+    """The node a chain of references ends at; None where the chain comes back to one of its
+    references."""
+    seen = set()
+    while isinstance(node, Ref):
+        if id(node) in seen:
+            return None
+        seen.add(id(node))
+        node = node.resolve()
+    return node
+
+
 class GrammarGenerator(Stage):
     """Writes the grammar of IR nodes into the shared :class:`~grammask.grammar.cfg.Grammar`. Its
     own state: the nonterminal of each (node, leading whitespace, depth), token regex caches and
@@ -74,6 +86,16 @@ class GrammarGenerator(Stage):
         nt = self.gen_memo.get(key)
         if nt is not None:
             return nt
+        if isinstance(node, Ref):
+            # a reference is the rule of the node it names (no rule of its own: it was a unit
+            # rule in every grammar with a $ref); the target's rule exists before its body is
+            # generated, so a recursive reference inside that body finds it
+            target = _ref_target(node)
+            if target is not None:
+                nt = self.gen(target, lead, depth)
+                self.gen_memo[key] = nt
+                self.st.keep.append(node)
+                return nt
         g = self.g
         nt = g.fresh("v")
         self.gen_memo[key] = nt
@@ -81,7 +103,7 @@ class GrammarGenerator(Stage):
         if self.indent is not None and depth > 64:
             self.define(nt, [])
             return nt
-        if isinstance(node, Ref):
+        if isinstance(node, Ref):   # a cycle of references alone (it derives nothing)
             self.define(nt, [[self.gen(node.resolve(), lead, depth)]])
         elif isinstance(node, OneOf):
             self.define(nt, [[self.gen(self.alg.resolve_oneof(node), lead, depth)]])
@@ -522,6 +544,8 @@ class GrammarGenerator(Stage):
         Dm: dict = {}
 
         def R(i: int, c: int, f: int) -> int:
+            if not add_alts or not can_add(c):
+                return D(i, c, f)   # no member may come in here: R would only lead to D
             key = (i, c, f)
             nt = Rm.get(key)
             if nt is not None:
