@@ -223,19 +223,18 @@ class GrammarGenerator(Stage):
         tail = None
         top = mx if mx is not None else K
         E: dict[int, int] = {}
-        for i in range(top, 0, -1):
-            nt = g.fresh("items")
-            E[i] = nt
         if mx is None:
             tail = g.fresh("tail")
             self.define(tail, [[], [tail, comma, self.gen(items, elem_lead, depth + 1)]])
+        for i in range(top, 0, -1):
+            # past the last counted item, the rest is the tail itself
+            E[i] = tail if mx is None and i >= K else g.fresh("items")
         for i in range(top, 0, -1):
             nt = E[i]
             if mx is not None and i == mx:
                 self.define(nt, [[]])
                 continue
             if mx is None and i >= K:
-                self.define(nt, [[tail]])
                 continue
             nxt = E.get(i + 1, tail)
             rule = [[comma, elem(i), nxt]]
@@ -586,10 +585,6 @@ class GrammarGenerator(Stage):
                 alts.append([lb, rb_empty])
             if mx is not None and mx == 0:
                 return alts
-            first = g.fresh("first")
-            frule = []
-            for syms, bits in add_alts:
-                frule.append([*syms, R(0, cnt(1), bits)])
             FD: dict = {}
 
             def Fd(i: int) -> int:
@@ -607,8 +602,13 @@ class GrammarGenerator(Stage):
                 self.define(nt, rule)
                 return nt
 
-            frule.append([Fd(0)])
-            self.define(first, frule)
+            if add_alts:
+                first = g.fresh("first")
+                frule = [[*syms, R(0, cnt(1), bits)] for syms, bits in add_alts]
+                frule.append([Fd(0)])
+                self.define(first, frule)
+            else:
+                first = Fd(0)   # (a rule [Fd(0)] alone would be a unit rule)
             alts.append([lb, first, rb])
             return alts
         finally:
