@@ -56,6 +56,15 @@ MAX_CALL_MEMO = 100_000
 #: the same for concat/alt/intersect of a list (:meth:`ExprSet._list_call`)
 MAX_LIST_MEMO = 100_000
 MAX_LIST_MEMO_LEN = 16
+
+
+def put_bounded(memo: dict, key, value, cap: int):
+    """``memo[key] = value`` in a memo of at most ``cap`` entries (full: it starts over); returns
+    ``value``. The memos read it inline (``memo.get``) and call this on a miss."""
+    if len(memo) >= cap:
+        memo.clear()
+    memo[key] = value
+    return value
 #: pairs :meth:`ExprSet._counted_need` may meet before it leaves a pair to the other searches
 NEED_EXACT_PAIRS = 4_000
 #: pairs :meth:`ExprSet._counted_bits` may meet (it meets every pair reachable: a minLength's
@@ -359,13 +368,9 @@ class ExprSet:
         k = _LIST_TAG[fn]
         for x in xs:
             k = k << 32 | x
-        memo = self._lists
-        r = memo.get(k)
+        r = self._lists.get(k)
         if r is None:
-            r = self._list_call_store(fn, xs)
-            if len(memo) >= MAX_LIST_MEMO:
-                memo.clear()
-            memo[k] = r
+            r = put_bounded(self._lists, k, self._list_call_store(fn, xs), MAX_LIST_MEMO)
         return r
 
     def _list_call_store(self, fn, xs) -> int:
@@ -414,13 +419,10 @@ class ExprSet:
             return self._byte_ids[data[0]] or self._single_byte(data[0])
         if not data:
             return EPS
-        memo = self._literals
-        r = memo.get(data)
+        r = self._literals.get(data)
         if r is None:
-            r = self._call(_py_literal, np.frombuffer(data, np.uint8))
-            if len(memo) >= MAX_CALL_MEMO:
-                memo.clear()
-            memo[data] = r
+            r = put_bounded(self._literals, data, self._call(_py_literal, np.frombuffer(data, np.uint8)),
+                            MAX_CALL_MEMO)
         return r
 
     def concat(self, *xs: int) -> int:
@@ -434,13 +436,9 @@ class ExprSet:
         # pairs (the same leading whitespace and token, key and colon: 4 in 5 calls on
         # MaskBench), and a dict read costs a tenth of the kernel call
         k = a << 32 | b
-        memo = self._concats
-        r = memo.get(k)
+        r = self._concats.get(k)
         if r is None:
-            r = self._call(_py_concat2, a, b)
-            if len(memo) >= MAX_CALL_MEMO:
-                memo.clear()
-            memo[k] = r
+            r = put_bounded(self._concats, k, self._call(_py_concat2, a, b), MAX_CALL_MEMO)
         return r
 
     def alt(self, *xs: int) -> int:

@@ -35,7 +35,7 @@ from .kstruct import kstruct
 from .lexer import DEAD
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
-from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, mask_bytes
+from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, mask_bytes, put_bounded
 from .toktrie import TokTrie
 
 #: a slice of tokens that end inside a UTF-8 character: plain string characters, then a proper
@@ -283,13 +283,9 @@ class SliceChecker:
                 lexer.expand_many([s], lexer.resolve_budget)
             members = lexer.state_members(s)
             key = tuple(sorted({x for _, x in members}))
-            shared = self._shared
-            f = shared.get(key)
+            f = self._shared.get(key)
             if f is None:
-                f = self._prove(lexer, s, members)
-                if len(shared) >= MAX_SHARED_FLAGS:
-                    shared.clear()
-                shared[key] = f
+                f = put_bounded(self._shared, key, self._prove(lexer, s, members), MAX_SHARED_FLAGS)
             self._cache[s] = f
         return f
 
