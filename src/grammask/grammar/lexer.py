@@ -736,10 +736,16 @@ class Lexer:
             E = kstruct(Expander(np.zeros(11, np.int64), *arrays, np.full(16, -1, np.int32)))
             self._expander = kept = (arrays, E)
         E = kept[1]
-        # X_ON, X_BUDGET, X_MAX_STATES, X_HARD, X_FREE, X_MAX_STORED, X_N_START, X_ROUNDS,
-        # X_MAX_ROUNDS, X_SPEC, X_FAILED (``failed`` is read below its count only)
-        E.cfg[:] = (1, self.resolve_budget, self.max_states, self.hard_max_states, EAGER_FREE_ROWS,
-                    rowstore.MAX_STORED_EXPRS, self._n_start, 0, INLINE_MAX_ROUNDS, 0, 0)
+        cfg = E.cfg
+        cfg[:] = 0   # rounds, speculative rows and failures counted afresh (``failed`` is read
+        cfg[X_ON] = 1   # below its count only)
+        cfg[X_BUDGET] = self.resolve_budget
+        cfg[X_MAX_STATES] = self.max_states
+        cfg[X_HARD] = self.hard_max_states
+        cfg[X_FREE] = EAGER_FREE_ROWS
+        cfg[X_MAX_STORED] = rowstore.MAX_STORED_EXPRS
+        cfg[X_N_START] = self._n_start
+        cfg[X_MAX_ROUNDS] = INLINE_MAX_ROUNDS
         return (E, self._X, self._D, self.exprs._S, rowstore.row_store(self.exprs).arrays)
 
     def after_inline(self, E) -> None:

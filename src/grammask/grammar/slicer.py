@@ -74,7 +74,7 @@ MAX_CHECK_PAIRS = 50_000
 #: docs/slicer.md)
 STATE_PROOF_SECONDS = 0.01
 #: entries of an ExprSet's memo of skip flags per set of member expressions before it is cleared
-#: (a few hundred bytes each)
+#: (~100 bytes each, more for states of many members)
 MAX_SHARED_FLAGS = 50_000
 
 #: the forest as the mask kernel reads it (see :class:`SliceForest`)
@@ -261,7 +261,8 @@ class SliceChecker:
             #: per slice, its expression, and a [slice, byte] table of the bytes its strings can
             #: begin with (a necessary condition of containment, below: all slices at once)
             self.exprs, self._first_table, (self._below, self._above) = cache[patterns]
-            #: member expressions -> flags, shared by the grammars of the ExprSet (bounded)
+            #: member expressions (packed) -> combination of the flags, shared by the grammars
+            #: of the ExprSet (bounded)
             self._shared = ex.__dict__.setdefault("_skip_flags", {}).setdefault(patterns, {})
         self._cache: dict[int, tuple[np.ndarray, int]] = {}
 
@@ -282,10 +283,17 @@ class SliceChecker:
                 # expansion a kernel round would ask for), which also lets the row answer below
                 lexer.expand_many([s], lexer.resolve_budget)
             members = lexer.state_members(s)
-            key = tuple(sorted({x for _, x in members}))
-            f = self._shared.get(key)
-            if f is None:
-                f = put_bounded(self._shared, key, self._prove(lexer, s, members), MAX_SHARED_FLAGS)
+            # the member expressions packed into one int (no tuple keys in a long-lived memo:
+            # the cyclic collector would walk them, see ExprSet), the flags kept as their combination
+            key = 1   # (a leading 1: sets that differ by a leading id 0 differ)
+            for x in sorted({x for _, x in members}):
+                key = key << 32 | x
+            combo = self._shared.get(key)
+            if combo is None:
+                f = self._prove(lexer, s, members)
+                put_bounded(self._shared, key, f[1], MAX_SHARED_FLAGS)
+            else:
+                f = (np.array([combo >> k & 1 for k in range(len(self.exprs))], np.int32), combo)
             self._cache[s] = f
         return f
 

@@ -34,6 +34,7 @@ def _member_counter(mx: int | None, cap: int):
 
     return cnt, can_add
 
+
 def _ref_target(node: Ref) -> Node | None:
     """The node a chain of references ends at; None where the chain comes back to one of its
     references."""
