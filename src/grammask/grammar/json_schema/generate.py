@@ -1,8 +1,8 @@
 """IR -> grammar: :class:`GrammarGenerator`.
 
 Each IR node becomes a nonterminal (a ``$ref`` is its target's: no unit rule of its own, as no
-helper rule that could only lead to another is made). Terminals are complete JSON tokens with their leading
-whitespace (see :mod:`..builtin`): a string (its regex carries the pattern / format / length /
+helper rule that could only lead to another is made). Terminals are complete JSON tokens with
+their leading whitespace (see :mod:`..builtin`): a string (its regex carries the pattern / format / length /
 enum constraints, over the JSON-escaped form of the string, :mod:`.strings`), a number (an exact
 digit-level regex of its range, :mod:`.numeric`), ``true``/``false``/``null``, punctuation, and
 an object key merged with its colon. Arrays unroll their item counts (with ``uniqueItems`` over
