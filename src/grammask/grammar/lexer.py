@@ -44,7 +44,7 @@ from . import lexdfa, rowstore
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
-from .regexset import ExprSet, mask_bytes, pack_ids
+from .regexset import ExprSet, mask_bytes, pack_ids, put_bounded
 
 DEAD = -1
 UNKNOWN = lexdfa.UNKNOWN   # -2
@@ -609,9 +609,10 @@ class Lexer:
                 return
             self._serve(st, s, rungs)
 
-    def _room_for_seeds(self, n: int) -> None:
-        """Room in the expansion's arrays, its queue for ``n`` seeds and its free-row queue."""
-        self._reserve(0, 0)
+    def _room_for_seeds(self, n: int, n_new: int = 0, m: int = 0) -> None:
+        """Room in the expansion's arrays (for ``n_new`` more states of at most ``m`` members:
+        :meth:`_reserve`), its queue for ``n`` seeds and its free-row queue."""
+        self._reserve(n_new, m)
         if self._D.queue.shape[0] < n + 16:
             q = 2 * n + 16
             self._D = self._D._replace(queue=np.zeros(q, np.int32), defer=np.zeros(q, np.int32))
@@ -722,10 +723,7 @@ class Lexer:
         ran: the kernel writes the arrays as :meth:`expand_many` does. The record is kept and
         used again while its arrays are the lexer's (its ``cfg`` and ``failed`` set anew): making
         one costs more than most building calls (~11 us), and a first visit makes many calls."""
-        # room for a round (_room_for_seeds' too: the queue _reserve leaves holds 16 seeds)
-        self._reserve(EAGER_RESOLVE_BUDGET, 8)
-        if self._free_queue.shape[0] < EAGER_FREE_ROWS:
-            self._free_queue = np.zeros(EAGER_FREE_ROWS, np.int64)
+        self._room_for_seeds(16, EAGER_RESOLVE_BUDGET, 8)   # a round's worth of states
         self._reserve_g(EAGER_FREE_ROWS + 64)
         self._room_for_starts(16)
         arrays = (self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._buf, self._pbuf,
@@ -825,10 +823,8 @@ class Lexer:
         cache = self._moves_cache
         ck = pack_ids(key)   # an int key: see ExprSet on keeping memo tables off the collector
         moves = cache.get(ck)
-        if moves is None:
-            if len(cache) >= MAX_CACHED_MOVES:   # about 1.3 KB each: bound the memory it holds
-                cache.clear()
-            moves = cache[ck] = _moves(self.exprs, key)
+        if moves is None:   # about 1.3 KB each: bound the memory it holds
+            moves = put_bounded(cache, ck, _moves(self.exprs, key), MAX_CACHED_MOVES)
         cls, targets = moves
         ids = [0] * len(targets) + [DEAD]
         new = []

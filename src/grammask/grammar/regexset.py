@@ -91,7 +91,7 @@ _py_concat = FastCall(ns.py_concat)
 _py_alive = FastCall(ns.py_alive)
 _py_complement = FastCall(ns.py_complement)
 _py_repeat = FastCall(ns.py_repeat)
-#: the kernels of ExprSet._list_call, tagged in its memo's keys (a tag, then 32 bits an id)
+#: the kernels of ExprSet._list_call, tagged in its memo's keys (the low 2 bits)
 _LIST_TAG = {_py_concat: 1, _py_alt: 2, _py_intersect: 3}
 _py_deriv = FastCall(ns.py_deriv)
 _py_literal = FastCall(ns.py_literal)
@@ -361,13 +361,11 @@ class ExprSet:
         return int(self._S.cnt[ns.C_DERIVS])
 
     def _list_call(self, fn, xs) -> int:
-        # memoised like concat2 (up to MAX_LIST_MEMO_LEN ids): the key packs the kernel's tag
-        # and the ids into one int (no tuple keys: see __init__)
+        # memoised like concat2 (up to MAX_LIST_MEMO_LEN ids), keyed by the ids (an int key:
+        # see __init__) and the kernel's tag in the low 2 bits
         if len(xs) > MAX_LIST_MEMO_LEN:
             return self._list_call_store(fn, xs)
-        k = _LIST_TAG[fn]
-        for x in xs:
-            k = k << 32 | x
+        k = pack_ids(xs) << 2 | _LIST_TAG[fn]
         r = self._lists.get(k)
         if r is None:
             r = put_bounded(self._lists, k, self._list_call_store(fn, xs), MAX_LIST_MEMO)

@@ -35,7 +35,7 @@ from .kstruct import kstruct
 from .lexer import DEAD
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
-from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, mask_bytes, put_bounded
+from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, mask_bytes, pack_ids, put_bounded
 from .toktrie import TokTrie
 
 #: a slice of tokens that end inside a UTF-8 character: plain string characters, then a proper
@@ -261,8 +261,8 @@ class SliceChecker:
             #: per slice, its expression, and a [slice, byte] table of the bytes its strings can
             #: begin with (a necessary condition of containment, below: all slices at once)
             self.exprs, self._first_table, (self._below, self._above) = cache[patterns]
-            #: member expressions (packed) -> combination of the flags, shared by the grammars
-            #: of the ExprSet (bounded)
+            #: member expressions (packed: :func:`.regexset.pack_ids`) -> combination of the
+            #: flags, shared by the grammars of the ExprSet (bounded)
             self._shared = ex.__dict__.setdefault("_skip_flags", {}).setdefault(patterns, {})
         self._cache: dict[int, tuple[np.ndarray, int]] = {}
 
@@ -283,23 +283,16 @@ class SliceChecker:
                 # expansion a kernel round would ask for), which also lets the row answer below
                 lexer.expand_many([s], lexer.resolve_budget)
             members = lexer.state_members(s)
-            # the member expressions packed into one int (no tuple keys in a long-lived memo:
-            # the cyclic collector would walk them, see ExprSet), the flags kept as their combination
-            key = 1   # (a leading 1: sets that differ by a leading id 0 differ)
-            for x in sorted({x for _, x in members}):
-                key = key << 32 | x
+            key = pack_ids(sorted({x for _, x in members}))
             combo = self._shared.get(key)
             if combo is None:
-                f = self._prove(lexer, s, members)
-                put_bounded(self._shared, key, f[1], MAX_SHARED_FLAGS)
-            else:
-                f = (np.array([combo >> k & 1 for k in range(len(self.exprs))], np.int32), combo)
-            self._cache[s] = f
+                combo = put_bounded(self._shared, key, self._prove(lexer, s, members), MAX_SHARED_FLAGS)
+            f = self._cache[s] = (np.array([combo >> k & 1 for k in range(len(self.exprs))], np.int32), combo)
         return f
 
-    def _prove(self, lexer, s: int, members) -> tuple[np.ndarray, int]:
-        """:meth:`skip_flags` of state ``s`` (expanded; its ``members``), proved."""
-        flags = np.zeros(len(self.exprs), np.int32)
+    def _prove(self, lexer, s: int, members) -> int:
+        """The combination of :meth:`skip_flags` of state ``s`` (expanded; its ``members``),
+        proved (bit ``k``: slice ``k`` is contained)."""
         combo = 0
         # a slice whose strings may begin with a byte on which the state's row is dead
         # (no member lives after it) is not contained: no proof needed. Most states
@@ -334,9 +327,8 @@ class SliceChecker:
                             known[j] = up
                 for k, v in known.items():
                     if v:
-                        flags[k] = 1
                         combo |= 1 << k
-        return flags, combo
+        return combo
 
     @staticmethod
     def _contained(ex: ExprSet, u: int, e: int, max_seconds: float) -> bool:

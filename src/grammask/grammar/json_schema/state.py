@@ -18,7 +18,7 @@ from __future__ import annotations
 from ...errors import UnsupportedSchemaError
 from ..builtin import JsonLexemes, whitespace_expr
 from ..cfg import Grammar
-from ..regexset import EPS
+from ..regexset import EPS, put_bounded
 from .input import detect_draft
 from .ir import Ref
 from .strings import Strings
@@ -32,9 +32,7 @@ MAX_SHARED_TOKENS = 4096
 
 def remember(memo: dict, key, value) -> None:
     """``memo[key] = value`` in a memo bounded by :data:`MAX_SHARED_TOKENS` (full: it starts over)."""
-    if len(memo) >= MAX_SHARED_TOKENS:
-        memo.clear()
-    memo[key] = value
+    put_bounded(memo, key, value, MAX_SHARED_TOKENS)
 
 
 class CompileState:
