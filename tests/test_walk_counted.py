@@ -258,3 +258,42 @@ def test_word_counts_under_a_short_length_llama3(llama3, monkeypatch):
         assert a.accept_token(t) and b.accept_token(t)
     assert np.array_equal(_mask(a), _mask(b)) and a.is_terminated() == b.is_terminated()
     assert capped_steps > 10, "the word counters were not capped"
+
+
+def test_walk_states_said_by_the_verdicts_are_the_capped_ones(llama3, monkeypatch):
+    """``Lexer.walk_state`` answers most new states from per-expression verdicts kept in the
+    ExprSet (a compiled pass over the members, no capping): a second grammar of the same
+    compiler takes that path for most of its states, and every answer is the state of the
+    capped members (the members capped from scratch here)."""
+    import grammask.grammar.lexer as lexer_mod
+
+    info, tk = llama3
+    schema = {"type": "object", "properties": {
+        "t": {"type": "string", "maxLength": 60, "pattern": "^(?:\\S+\\s+){0,9}\\S+$"},
+        "d": {"type": "string", "pattern": "^\\d{1,15}(?:\\.\\d{1,5})?$"},
+        "n": {"type": "string", "maxLength": 300}, "k": {"type": "integer", "maximum": 999999}},
+        "required": ["t", "d", "n", "k"], "additionalProperties": False}
+    doc = {"t": "one two three four", "d": "123456789.25", "n": "x" * 120 + " tail", "k": 4321}
+    ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
+    real = lexer_mod._walk_same
+    said = []
+    monkeypatch.setattr(lexer_mod, "_walk_same", lambda *a: said.append(real(*a)) or said[-1])
+    compiler = GrammarCompiler(info, cache_size=0)
+    for run in range(2):
+        said.clear()
+        g = compiler.compile_json_schema(schema)
+        lx, ex = g.lexer, g.lexer.exprs
+        m = GrammarMatcher(g)
+        own = 0
+        for t in ids:
+            s = m._s
+            n_said = len(said)
+            w = lx.walk_state(s, m._reach)
+            want = sorted((x, capped(ex, e, m._reach.n, True, m._reach)) for x, e in lx.state_members(s))
+            assert sorted(lx.state_members(w)) == want
+            if run == 1 and w == s and len(said) > n_said:
+                # the first grammar met the same expressions: the verdicts say it
+                assert said[-1], f"state {s} is its own walk state, capped again"
+                own += 1
+            assert m.accept_token(t)
+    assert own >= 10 and sum(said) == own, said

@@ -50,7 +50,7 @@ from ..errors import GrammarMemoryError
 DEFAULT_MAX_COMPILE_MEMORY_BYTES = 256 << 20
 
 #: one ExprSet node: kind, args tuple, the hash-cons index entry (a packed int key), flags and
-#: the memoised first-byte masks
+#: the memoised first-byte masks (and a byte of walk-state verdicts per reach, :meth:`.Lexer.walk_state`)
 NODE_BYTES = 240
 #: one memoised derivative (an int key ``e << 8 | byte`` and its dict slot)
 DERIV_BYTES = 72

@@ -355,6 +355,11 @@ class ExprSet:
         until the next node is made)."""
         return memoryview(self._S.ctr)
 
+    def counter_array(self) -> np.ndarray:
+        """:meth:`counter_flags` as the store's array (for compiled callers; replaced when the
+        store grows)."""
+        return self._S.ctr
+
     @property
     def n_derivs(self) -> int:
         """Derivatives made so far (all time; each memoised in the store)."""
