@@ -138,6 +138,38 @@ def test_cache_is_bounded_and_counted(llama3, cache_every_state):
     assert mc2.n_cached == 1    # the first one crosses the bound, then none
 
 
+def test_request_counts_grow_and_are_dropped_past_their_bound(llama3, monkeypatch):
+    """The compiled count of subtree requests (``take_requests``): from a table of 4 slots it
+    grows, past a bound of 8 keys it is emptied; subtrees asked for twice are still built, and
+    every mask equals that of an uncached copy."""
+    info, tk = llama3
+    monkeypatch.setattr(state_cache, "MAX_ASKED", 8)
+    cg = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[1])
+    plain = GrammarCompiler(info, cache_size=0).compile_json_schema(SCHEMAS[1])
+    plain.mask_cache_of(plain.lexer).max_bytes = 0
+    mc = cg.mask_cache_of(cg.lexer)
+    mc._ask_keys = np.full(4, -1, np.int64)
+    mc._ask_vals = np.zeros(4, np.int32)
+    sizes, emptied = set(), []
+    real = mc._more_counts
+
+    def more():
+        emptied.append(int(mc._ask_n[0]) >= state_cache.MAX_ASKED)
+        real()
+        sizes.add(mc._ask_keys.shape[0])
+
+    mc._more_counts = more
+    for doc in DOCS[1] * 2:
+        for text in (json.dumps(doc), json.dumps(doc, indent=2)):
+            a, b = GrammarMatcher(cg), GrammarMatcher(plain)
+            for step, t in enumerate(tk.encode(text, add_special_tokens=False).ids):
+                assert np.array_equal(_mask(a), _mask(b)), (text, step)
+                assert a.accept_token(t) and b.accept_token(t)
+    assert any(emptied) and not all(emptied), emptied
+    assert max(sizes) >= 16 and int(mc._ask_n[0]) <= 2 * state_cache.MAX_ASKED
+    assert _nested(cg) > 0
+
+
 def test_threads_share_the_cache_llama3(llama3, cache_every_state):
     """Free-running threads with their own matchers of one fresh grammar: states and nested
     entries are built (and the nested store grown and republished) while other threads' kernels

@@ -53,7 +53,8 @@ ENTRY_BYTES = 400
 NESTED_BUILD_AFTER = 2
 #: per nested entry: its key, offsets and the count of requests before it was built
 NESTED_ENTRY_BYTES = 160
-#: subtrees whose requests are counted before the counts are dropped (about 100 bytes each)
+#: subtrees whose requests are counted before the counts are dropped (a hash table of 12-byte
+#: slots, at most half full: 3 MB at most)
 MAX_ASKED = 100_000
 
 
@@ -224,15 +225,62 @@ def append_nested(S, n, t, i, toks, gs, gb, go, nodes):
     return True
 
 
+#: why :func:`take_requests` stopped: every request taken; the store is short for the entry it
+#: built (grow it, then resume at the same request); the table of counts is half full
+TAKEN, STORE_SHORT, COUNTS_FULL = 0, 1, 2
+
+
 @njit(nogil=True, cache=True)
-def nested_has(keys, t, i):
-    return keys[_nested_slot(keys, t, i)] != -1
+def take_requests(F, S, n, ask_keys, ask_vals, ask_n, req, k, after, budget, trans, state_acc, ls_st, toks,
+                  nodes, states, out):
+    """:meth:`StateMaskCache.requested` from request ``k`` of ``req`` on (count, then (state,
+    node) pairs): each request counted in the table ``ask_keys``/``ask_vals`` (``ask_n[0]`` keys
+    in it), and the subtree asked for ``after`` times built (:func:`build_nested`) and appended to
+    store ``S`` (:func:`append_nested`) while the bytes written (``out[4]``, added to) stay under
+    ``budget``. Returns the request it stopped at, with why in ``out[0]`` (:data:`TAKEN`,
+    :data:`STORE_SHORT` with the entry's tokens, groups and nodes in ``out[1:4]``: that request
+    is not counted yet, or :data:`COUNTS_FULL`)."""
+    cnt = req[0]
+    while k < cnt:
+        if 2 * (ask_n[0] + 1) > ask_keys.shape[0]:
+            out[0] = COUNTS_FULL
+            return k
+        t = req[1 + 2 * k]
+        i = req[2 + 2 * k]
+        slot = _nested_slot(ask_keys, t, i)
+        new = ask_keys[slot] == -1
+        v = 1 if new else ask_vals[slot] + 1
+        if v == after and out[4] < budget and S.keys[_nested_slot(S.keys, t, i)] == -1:
+            st, tk, gs, gb, go, nd = build_nested(F, t, i, trans, state_acc, ls_st, toks, nodes, states)
+            if st == OK:
+                if not append_nested(S, n, t, i, tk, gs, gb, go, nd):
+                    out[0] = STORE_SHORT
+                    out[1] = tk.shape[0]
+                    out[2] = gs.shape[0]
+                    out[3] = nd.shape[0]
+                    return k
+                out[4] += tk.nbytes + gs.nbytes + gb.nbytes + go.nbytes + nd.nbytes + NESTED_ENTRY_BYTES
+        ask_vals[slot] = v
+        if new:
+            ask_keys[slot] = (np.int64(t) << 32) | np.int64(i)
+            ask_n[0] += 1
+        k += 1
+    out[0] = TAKEN
+    return k
+
+
+@njit(nogil=True, cache=True)
+def _rehash_counts(keys, vals, new_keys, new_vals):
+    for j in range(keys.shape[0]):
+        key = keys[j]
+        if key != -1:
+            slot = _nested_slot(new_keys, key >> 32, key & 0xFFFFFFFF)
+            new_vals[slot] = vals[j]
+            new_keys[slot] = key
 
 
 _build_entry = FastCall(build_entry)
-_build_nested = FastCall(build_nested)
-_append_nested = FastCall(append_nested)
-_nested_has = FastCall(nested_has)
+_take_requests = FastCall(take_requests)
 
 
 class StateMaskCache:
@@ -260,7 +308,11 @@ class StateMaskCache:
                                          np.zeros(4096, np.int32), np.zeros(129, np.int64), np.zeros(512, np.int32),
                                          np.zeros(512, np.int32), np.zeros(513, np.int64), np.zeros(512, np.int32)))
         self._n = np.zeros(4, np.int64)   # entries, tokens, groups, nodes used in the store
-        self._asked: dict[int, int] = {}
+        # the count of requests per subtree (key ``t << 32 | i``), a hash table: see take_requests
+        self._ask_keys = np.full(256, -1, np.int64)
+        self._ask_vals = np.zeros(256, np.int32)
+        self._ask_n = np.zeros(1, np.int64)
+        self._take_out = np.zeros(5, np.int64)
         self.n_nested = 0
 
     def entry(self, s: int) -> list:
@@ -279,20 +331,49 @@ class StateMaskCache:
 
     def requested(self, req: np.ndarray) -> None:
         """The subtrees a walk asked for (``req``: count, then (state, node) pairs): counted, and
-        built once asked for :data:`NESTED_BUILD_AFTER` times."""
-        n = int(req[0])
-        pairs = req[1:1 + 2 * n].tolist()
+        built once asked for :data:`NESTED_BUILD_AFTER` times, all in one compiled call
+        (:func:`take_requests`) but where the store or the table of counts needs room."""
+        lexer = self._lexer()
+        if lexer is None:
+            req[0] = 0
+            return
+        L = lexer.tables
+        F = self.forest.arrays
+        out = self._take_out
+        k = 0
+        with self._lock:
+            n = self._n
+            ne0 = int(n[0])
+            out[4] = 0
+            while True:
+                S = self.store
+                k = _take_requests(F, S, n, self._ask_keys, self._ask_vals, self._ask_n, req, k, NESTED_BUILD_AFTER,
+                                   self.max_bytes - self.nbytes, L.trans, L.state_acc, *self._scratch_arrays(F), out)
+                why = int(out[0])
+                if why == TAKEN:
+                    break
+                if why == STORE_SHORT:
+                    # publish grown copies, then write (the new entry's key must appear only in
+                    # a table published with its arrays: a kernel still holding the old arrays
+                    # would read past them)
+                    self.store = self._grown_store(S, n, int(out[1]), int(out[2]), int(out[3]))
+                else:
+                    self._more_counts()
+            self.nbytes += int(out[4])
+            self.n_nested += int(n[0]) - ne0
         req[0] = 0
-        asked = self._asked
-        for k in range(n):
-            t, i = pairs[2 * k], pairs[2 * k + 1]
-            key = t << 32 | i
-            v = asked.get(key, 0) + 1
-            asked[key] = v
-            if v == NESTED_BUILD_AFTER and self.nbytes < self.max_bytes:
-                self._build_nested(t, i)
-        if len(asked) > MAX_ASKED:   # counts only, but bounded like the rest
-            asked.clear()
+
+    def _more_counts(self) -> None:
+        """Room in the table of request counts: doubled, or emptied past :data:`MAX_ASKED` keys
+        (counts only)."""
+        if int(self._ask_n[0]) >= MAX_ASKED:
+            self._ask_keys.fill(-1)
+            self._ask_n[0] = 0
+            return
+        keys = np.full(2 * self._ask_keys.shape[0], -1, np.int64)
+        vals = np.zeros(keys.shape[0], np.int32)
+        _rehash_counts(self._ask_keys, self._ask_vals, keys, vals)
+        self._ask_keys, self._ask_vals = keys, vals
 
     def _scratch_arrays(self, F):
         if self._scratch is None:
@@ -301,31 +382,6 @@ class StateMaskCache:
                              np.empty(self.forest.trie.n_tokens + 1, np.int32),
                              np.empty(n, np.int32), np.empty(n, np.int32))
         return self._scratch
-
-    def _build_nested(self, t: int, i: int) -> None:
-        lexer = self._lexer()
-        if lexer is None:
-            return
-        L = lexer.tables
-        F = self.forest.arrays
-        with self._lock:
-            S = self.store
-            if _nested_has(S.keys, t, i):
-                return
-            st, toks, gs, gb, go, nodes = _build_nested(F, t, i, L.trans, L.state_acc, *self._scratch_arrays(F))
-            if st != OK:
-                return
-            n = self._n
-            if not _append_nested(S, n, t, i, toks, gs, gb, go, nodes):
-                # an array is short: publish grown copies, then write (the new entry's key must
-                # appear only in a table published with its arrays: a kernel still holding the
-                # old arrays would read past them)
-                self.store = S = self._grown_store(S, n, toks.shape[0], gs.shape[0], nodes.shape[0])
-                if not _append_nested(S, n, t, i, toks, gs, gb, go, nodes):   # pragma: no cover
-                    raise AssertionError("a grown nested store has no room for the entry")
-            self.nbytes += (toks.nbytes + gs.nbytes + gb.nbytes + go.nbytes + nodes.nbytes
-                            + NESTED_ENTRY_BYTES)
-            self.n_nested += 1
 
     @staticmethod
     def _grown_store(S, n, n_toks: int, n_grps: int, n_nodes: int):
