@@ -229,3 +229,32 @@ def test_fast_call_keeps_the_python_signature_past_a_compiled_callers():
             fc(a.astype(np.int32), 1)
     finally:
         FastCall.check = old
+
+
+def test_a_read_only_walk_stops_at_the_first_missing_state(bl):
+    """With ``STOP_AT_MISSING`` set (a first mask's read-only call, walked again by the building
+    variant) the walk returns MISSING at the first state not built, having recorded at most that
+    one; without it the walk goes on and records them all. (The masks the matcher makes so are
+    those of every mask test: the building call makes the whole row.)"""
+    from grammask.grammar.earley import STOP_AT_MISSING
+
+    tok, info, _ = bl
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"},
+                                               "tags": {"type": "array", "items": {"enum": ["x", "yy"]}}}}
+    recorded = {}
+    for stop in (0, 1):
+        cg = GrammarCompiler(info, cache_size=0).compile_json_schema(schema)
+        m = GrammarMatcher(cg)
+        lexer, mc = m._lexer, cg.mask_cache_of(m._lexer)
+        s = lexer.walk_state(m._s, m._reach)
+        skip, _combo, _v, _cache = mc.entry(s)
+        words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
+        M = m._M
+        M.counts[:] = 0
+        M.counts[STOP_AT_MISSING] = stop
+        st = matcher_mod._fill_mask(cg.forest.arrays, skip, s, m._h, m._lex_len, cg.G, lexer.tables,
+                                    m._stack.arrays, M, m._walk, mc.store, words, None)
+        assert st == MISSING
+        recorded[stop] = int(M.counts[0]) + int(M.counts[1]) + int(M.counts[3])
+        M.counts[:] = 0
+    assert recorded[1] <= 1 < recorded[0], recorded

@@ -73,10 +73,16 @@ MissingRequests = namedtuple("MissingRequests", "states start_lex start_off coun
 MAX_CHAINS = 64
 
 
+#: ``MissingRequests.counts``: states, start sets, their lexemes, chains recorded; and a flag: a
+#: trie walk that meets a state not built stops there (MISSING at once, its records incomplete:
+#: for a read-only walk whose caller walks again building, :meth:`.GrammarMatcher.fill_words`)
+STOP_AT_MISSING = 4
+
+
 def new_missing(n_lex: int) -> MissingRequests:
     """Empty request buffers for a grammar of ``n_lex`` lexemes (one per matcher)."""
     return kstruct(MissingRequests(np.zeros(4096, np.int32), np.zeros(max(16, 4 * n_lex), np.int32),
-                                   np.zeros(65, np.int32), np.zeros(4, np.int32),
+                                   np.zeros(65, np.int32), np.zeros(5, np.int32),
                                    np.zeros(2 * MAX_CHAINS, np.int32)))
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from numba import njit
 
 from . import rowstore
-from .earley import GROW_ROWS, MISSING, OK, REJECT, compute_row, resolve_row_start, row_top
+from .earley import GROW_ROWS, MISSING, OK, REJECT, STOP_AT_MISSING, compute_row, resolve_row_start, row_top
 from .lexdfa import FastCall  # noqa: F401 - defined there (the lexer uses it too), used from here
 from .lexer import inline_resolve
 
@@ -328,6 +328,8 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
                             if st == MISSING:
                                 if inline_resolve(XE, M, m0, m1, m2):
                                     continue   # built in this call: the same group again
+                                if M.counts[STOP_AT_MISSING]:
+                                    return MISSING, nf
                                 incomplete = True
                             elif st != REJECT:
                                 return st, nf
@@ -401,6 +403,8 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
                     if st == MISSING:
                         if inline_resolve(XE, M, m0, m1, m2):
                             continue   # built in this call: the same node again
+                        if M.counts[STOP_AT_MISSING]:
+                            return MISSING, nf
                         incomplete = True
                         # a small subtree below a state not expanded yet (long tokens: runs of
                         # spaces or dashes) is expanded whole by Python, not one level per round

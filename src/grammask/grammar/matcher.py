@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import MatcherError
 from .compiled import CompiledGrammar
-from .earley import MISSING, OK, REJECT
+from .earley import MISSING, OK, REJECT, STOP_AT_MISSING
 from .kstruct import kstruct
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
                    forced_after, jump_forward, walk_stack)
@@ -303,9 +303,17 @@ class GrammarMatcher:
         # lock); where it met states not built yet, once more holding the lexer's lock, building
         # them as it meets them (:func:`.lexer.inline_resolve`); the driver's loop (build what it
         # asked for, call again) only for what that left
-        st = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail)
-        if st == MISSING and lexer.eager:
-            st = comp.call_building(fx, stack, M, head, (w, mc.store, words), lexer)
+        if lexer.eager:
+            # the read-only call stops at the first state not built (the building call walks
+            # the whole trie again; what the read-only one recorded past that would be dropped)
+            cnt = M.counts
+            cnt[STOP_AT_MISSING] = 1
+            st = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail)
+            cnt[STOP_AT_MISSING] = 0
+            if st == MISSING:
+                st = comp.call_building(fx, stack, M, head, (w, mc.store, words), lexer)
+        else:
+            st = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail)
         if st != OK and st != REJECT:
             comp.resolve(st, stack, M, lexer)
             comp.run(fn, stack, M, head, tail, _FILL_ERROR, lexer)
