@@ -264,6 +264,8 @@ class SliceChecker:
             #: member expressions (packed: :func:`.regexset.pack_ids`) -> combination of the
             #: flags, shared by the grammars of the ExprSet (bounded)
             self._shared = ex.__dict__.setdefault("_skip_flags", {}).setdefault(patterns, {})
+            #: combination -> its flags as the kernels read them (at most 2 ** slices)
+            self._flag_arrays = ex.__dict__.setdefault("_skip_flag_arrays", {}).setdefault(patterns, {})
         self._cache: dict[int, tuple[np.ndarray, int]] = {}
 
     @property
@@ -287,7 +289,10 @@ class SliceChecker:
             combo = self._shared.get(key)
             if combo is None:
                 combo = put_bounded(self._shared, key, self._prove(lexer, s, members), MAX_SHARED_FLAGS)
-            f = self._cache[s] = (np.array([combo >> k & 1 for k in range(len(self.exprs))], np.int32), combo)
+            arr = self._flag_arrays.get(combo)
+            if arr is None:   # one array per combination, shared (kernels only read it)
+                arr = self._flag_arrays[combo] = np.array([combo >> k & 1 for k in range(len(self.exprs))], np.int32)
+            f = self._cache[s] = (arr, combo)
         return f
 
     def _prove(self, lexer, s: int, members) -> int:
@@ -297,8 +302,8 @@ class SliceChecker:
         # a slice whose strings may begin with a byte on which the state's row is dead
         # (no member lives after it) is not contained: no proof needed. Most states
         # outside strings end here (an expanded row is never written again: read unlocked).
-        dead = lexer.trans[s * 256:(s + 1) * 256] == DEAD
-        todo = np.flatnonzero(~(self._first_table & dead).any(1)).tolist()
+        live = _live_slices(lexer.trans, s, self._first_table)
+        todo = [k for k in range(len(self.exprs)) if live >> k & 1]
         if todo:
             with lexer.lock, lexer.counting():
                 # one time budget for all the slices of a state: a state whose first proof runs
@@ -359,11 +364,43 @@ def _prefix_order(ex: ExprSet, exprs: list[int]) -> tuple[list[list[int]], list[
 
 
 def _first_table(ex: ExprSet, exprs: list[int]) -> np.ndarray:
-    """``[k, b]``: the strings of ``exprs[k]`` can begin with byte ``b``."""
-    t = np.zeros((len(exprs), 256), np.bool_)
+    """``[k, w]``: the bytes the strings of ``exprs[k]`` can begin with, as four 64-bit words
+    (byte ``b``: bit ``b % 64`` of word ``b // 64``)."""
+    t = np.zeros((len(exprs), 4), np.uint64)
     for k, e in enumerate(exprs):
-        t[k, mask_bytes(ex.first_bytes(e))] = True
+        m = ex.first_bytes(e)
+        for w in range(4):
+            t[k, w] = m >> (64 * w) & (2 ** 64 - 1)
     return t
+
+
+@njit(nogil=True, cache=True)
+def _live_slices(trans, s, first):
+    """The slices (bit ``k``: slice ``k``, at most 63) none of whose first bytes (``first``, as
+    :func:`_first_table`'s) is dead in expanded lexer state ``s``'s row of ``trans``: the only
+    ones that may be contained (a dead byte kills every string it begins)."""
+    d0 = np.uint64(0)
+    d1 = np.uint64(0)
+    d2 = np.uint64(0)
+    d3 = np.uint64(0)
+    base = s * 256
+    for b in range(256):
+        if trans[base + b] == DEAD:
+            bit = np.uint64(1) << np.uint64(b & 63)
+            w = b >> 6
+            if w == 0:
+                d0 |= bit
+            elif w == 1:
+                d1 |= bit
+            elif w == 2:
+                d2 |= bit
+            else:
+                d3 |= bit
+    r = 0
+    for k in range(first.shape[0]):
+        if (first[k, 0] & d0) | (first[k, 1] & d1) | (first[k, 2] & d2) | (first[k, 3] & d3) == 0:
+            r |= 1 << k
+    return r
 
 
 INF_FLOAT = float("inf")
