@@ -35,7 +35,7 @@ from .kstruct import kstruct
 from .lexer import DEAD
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
-from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, mask_bytes, pack_ids, put_bounded
+from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, pack_ids, put_bounded
 from .toktrie import TokTrie
 
 #: a slice of tokens that end inside a UTF-8 character: plain string characters, then a proper
