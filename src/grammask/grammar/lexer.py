@@ -964,13 +964,13 @@ class Lexer:
                     r = self._eager_intern([self._g(lx, e) for lx, e in new])
                 else:
                     r = self._intern(new)
-                verdict = self._record_verdicts(verdicts, vkey, members, capd)
+                self._record_verdicts(verdicts, vkey, members, capd)
         if len(twins) > MAX_LEXER_STATES:
             twins.clear()
         twins[s] = r
         return r
 
-    def _record_verdicts(self, verdicts: dict, vkey, members, capd) -> np.ndarray:
+    def _record_verdicts(self, verdicts: dict, vkey, members, capd) -> None:
         """Note, for :meth:`walk_state`'s compiled pass, whether capping changed each member
         expression that holds a counter (an array over the ExprSet's nodes, grown with it:
         one byte a node)."""
@@ -984,7 +984,6 @@ class Lexer:
         for (_, e), c in zip(members, capd):
             if ctr[e]:
                 verdict[e] = CAP_SAME if c == e else CAP_CHANGED
-        return verdict
 
     # ---------------------------------------------------------------- start states
     def start_state(self, allowed: list[int] | tuple[int, ...]) -> int:

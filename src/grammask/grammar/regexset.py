@@ -57,14 +57,6 @@ MAX_CALL_MEMO = 100_000
 MAX_LIST_MEMO = 100_000
 MAX_LIST_MEMO_LEN = 16
 
-
-def put_bounded(memo: dict, key, value, cap: int):
-    """``memo[key] = value`` in a memo of at most ``cap`` entries (full: it starts over); returns
-    ``value``. The memos read it inline (``memo.get``) and call this on a miss."""
-    if len(memo) >= cap:
-        memo.clear()
-    memo[key] = value
-    return value
 #: pairs :meth:`ExprSet._counted_need` may meet before it leaves a pair to the other searches
 NEED_EXACT_PAIRS = 4_000
 #: pairs :meth:`ExprSet._counted_bits` may meet (it meets every pair reachable: a minLength's
@@ -76,6 +68,15 @@ MOST_REFUSED = -2          # _counted_most: the pair's graph was past the explor
 #: pairs the most-factors exploration may meet when it is tried first (a minLength check); past it
 #: the searches decide, and every pair met is remembered as refused (its next states skip it)
 MOST_FIRST_PAIRS = 300
+
+
+def put_bounded(memo: dict, key, value, cap: int):
+    """``memo[key] = value`` in a memo of at most ``cap`` entries (full: it starts over); returns
+    ``value``. The memos read it inline (``memo.get``) and call this on a miss."""
+    if len(memo) >= cap:
+        memo.clear()
+    memo[key] = value
+    return value
 
 
 def _lowbit(mask: int) -> int:

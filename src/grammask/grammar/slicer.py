@@ -379,26 +379,14 @@ def _live_slices(trans, s, first):
     """The slices (bit ``k``: slice ``k``, at most 63) none of whose first bytes (``first``, as
     :func:`_first_table`'s) is dead in expanded lexer state ``s``'s row of ``trans``: the only
     ones that may be contained (a dead byte kills every string it begins)."""
-    d0 = np.uint64(0)
-    d1 = np.uint64(0)
-    d2 = np.uint64(0)
-    d3 = np.uint64(0)
+    dead = np.zeros(4, np.uint64)
     base = s * 256
     for b in range(256):
         if trans[base + b] == DEAD:
-            bit = np.uint64(1) << np.uint64(b & 63)
-            w = b >> 6
-            if w == 0:
-                d0 |= bit
-            elif w == 1:
-                d1 |= bit
-            elif w == 2:
-                d2 |= bit
-            else:
-                d3 |= bit
+            dead[b >> 6] |= np.uint64(1) << np.uint64(b & 63)
     r = 0
     for k in range(first.shape[0]):
-        if (first[k, 0] & d0) | (first[k, 1] & d1) | (first[k, 2] & d2) | (first[k, 3] & d3) == 0:
+        if (first[k, 0] & dead[0]) | (first[k, 1] & dead[1]) | (first[k, 2] & dead[2]) | (first[k, 3] & dead[3]) == 0:
             r |= 1 << k
     return r
 

@@ -270,13 +270,13 @@ def take_requests(F, S, n, ask_keys, ask_vals, ask_n, req, k, after, budget, tra
 
 
 @njit(nogil=True, cache=True)
-def _rehash_counts(keys, vals, new_keys, new_vals):
+def _rehash(keys, vals, new_keys, new_vals):
+    """Every key of the table ``keys``/``vals`` (``(t, i)`` keys, as :func:`_nested_slot`'s)
+    inserted with its value into the empty, larger table ``new_keys``/``new_vals``."""
     for j in range(keys.shape[0]):
         key = keys[j]
         if key != -1:
-            slot = _nested_slot(new_keys, key >> 32, key & 0xFFFFFFFF)
-            new_vals[slot] = vals[j]
-            new_keys[slot] = key
+            _nested_insert(new_keys, new_vals, key >> 32, key & 0xFFFFFFFF, vals[j])
 
 
 _build_entry = FastCall(build_entry)
@@ -372,7 +372,7 @@ class StateMaskCache:
             return
         keys = np.full(2 * self._ask_keys.shape[0], -1, np.int64)
         vals = np.zeros(keys.shape[0], np.int32)
-        _rehash_counts(self._ask_keys, self._ask_vals, keys, vals)
+        _rehash(self._ask_keys, self._ask_vals, keys, vals)
         self._ask_keys, self._ask_vals = keys, vals
 
     def _scratch_arrays(self, F):
@@ -394,10 +394,7 @@ class StateMaskCache:
         if 2 * (ne + 1) > keys.shape[0]:
             keys = np.full(2 * keys.shape[0], -1, np.int64)
             vals = np.zeros(keys.shape[0], np.int32)
-            old = S.keys
-            for slot in np.flatnonzero(old != -1).tolist():
-                k = int(old[slot])
-                _nested_insert(keys, vals, k >> 32, k & 0xFFFFFFFF, int(S.vals[slot]))
+            _rehash(S.keys, S.vals, keys, vals)
             new.update(keys=keys, vals=vals)
         for name, need, used in (("e_tok_off", ne + 2, ne + 1), ("e_grp_off", ne + 2, ne + 1),
                                  ("toks", nt2, nt), ("grp_state", ng2, ng), ("grp_byte", ng2, ng),
