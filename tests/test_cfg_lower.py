@@ -62,3 +62,61 @@ def test_lowering_leaves_the_grammar_as_it_was(check_lexemes):
     before = copy.deepcopy(g.rules)
     lower(g, "root", check_lexemes=check_lexemes)
     assert g.rules == before
+
+
+def _reference_prune(ex, rules, root):
+    """Productive alternatives reachable from the root, written plainly (the oracle of the
+    compiled prune)."""
+    alive = {s: ex.alive(~s) for alts in rules.values() for a in alts for s in a if s < 0}
+    productive = _horn_fixpoint(rules, lambda e: alive[~e])
+    if root not in productive:
+        return None
+    out, todo = {}, [root]
+    while todo:
+        nt = todo.pop()
+        if nt in out:
+            continue
+        out[nt] = [a for a in rules[nt] if all((s in productive) if s >= 0 else alive[s] for s in a)]
+        todo.extend(s for a in out[nt] for s in a if s >= 0 and s not in out)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_compiled_prune_and_flatten_match_the_python_ones(seed):
+    """The compiled pass (:func:`_flatten_compiled`) gives the tables of the plain prune and
+    :func:`_flatten`, array for array; it declines grammars that keep a nullable terminal and
+    raises where the root derives nothing. Terminals: live, dead (an empty intersection) and
+    nullable expressions."""
+    import numpy as np
+
+    from grammask.errors import EmptyLanguageError
+    from grammask.grammar.cfg import _flatten, _flatten_compiled
+    from grammask.grammar.regexset import ExprSet
+
+    rng = random.Random(seed)
+    ex = ExprSet()
+    a, b = ex.literal("a"), ex.literal("b")
+    pool = [a, b, ex.literal("ab"), ex.intersect(a, b), ex.star(a) if rng.random() < 0.3 else ex.literal("c"),
+            ex.intersect(ex.star(a), ex.concat(a, a))]
+    n = rng.randint(1, 30)
+    rules = _random_rules(rng, n, len(pool))
+    rules = {nt: [[~pool[~s] if s < 0 else s for s in alt] for alt in alts] for nt, alts in rules.items()}
+    names = [f"r{i}" for i in range(n)]
+    before = {nt: [list(x) for x in alts] for nt, alts in rules.items()}
+    ref_rules = _reference_prune(ex, {nt: [list(x) for x in alts] for nt, alts in rules.items()}, 0)
+    if ref_rules is None:
+        with pytest.raises(EmptyLanguageError):
+            _flatten_compiled(ex, rules, 0, names, prune=True)
+        return
+    got = _flatten_compiled(ex, rules, 0, names, prune=True)
+    assert rules == before
+    nullable_kept = any(s < 0 and ex.nullable(~s) for alts in ref_rules.values() for x in alts for s in x)
+    if nullable_kept:
+        assert got is None
+        return
+    for pruned, flat in ((True, got), (False, _flatten_compiled(ex, ref_rules, 0, names, prune=False))):
+        ref = _flatten(ex, ref_rules, 0, names)
+        for f in ("sym", "end_lhs", "prod_start", "nt_prod_lo", "nt_prod_hi", "nt_nullable"):
+            x, y = getattr(ref, f), getattr(flat, f)
+            assert x.dtype == y.dtype and np.array_equal(x, y), (pruned, f)
+        assert (ref.start_nt, ref.accept_pos, ref.lexemes, ref.names) == (flat.start_nt, flat.accept_pos, flat.lexemes, flat.names)

@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
+from numba import njit
 
 from ..errors import EmptyLanguageError, GrammarTooComplexError, UndefinedRuleError
+from .lexdfa import FastCall
 from .membound import ALT_BYTES, RULE_BYTES, RULES_BATCH, SYMBOL_BYTES, alternatives_bytes, charge, current
 from .regexset import CONCAT, EPS, INF, OR, REPEAT, ExprSet
 
@@ -350,14 +352,18 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                 break
         split_nullable_terminals()
         prune()
-    elif prune():
+    else:
+        # pruned and flattened in one compiled pass, unless a nullable terminal is kept
+        flat = _flatten_compiled(ex, rules, root_id, names, prune=True)
+        if flat is not None:
+            return flat
+        prune()
         # the optional rules it adds are productive and reachable: no second prune needed
         split_nullable_terminals()
+        return _flatten(ex, rules, root_id, names)
 
-    if check_lexemes:
-        _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable_terminals, prune)
-
-    return _flatten(ex, rules, root_id, names)
+    _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable_terminals, prune)
+    return _flatten_compiled(ex, rules, root_id, names, prune=False) or _flatten(ex, rules, root_id, names)
 
 
 def _horn_fixpoint(rules: dict[int, list[list[int]]], term_ok) -> set[int]:
@@ -726,4 +732,301 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
         sym=i32(sym), end_lhs=end_lhs, prod_start=i32(prod_start), nt_prod_lo=i32(lo),
         nt_prod_hi=i32(hi), nt_nullable=nul, start_nt=start, accept_pos=accept_pos,
         lexemes=lexemes, names=[names[nt] for nt in nts] + ["<start>"],
+    )
+
+
+# ------------------------------------------------------------------ compiled prune and flatten
+#: :func:`_prune_flatten_kernel`'s status
+FLAT_OK, FLAT_EMPTY_ROOT, FLAT_NULLABLE_TERMINAL, FLAT_UNDECIDED = 0, 1, 2, 3
+
+
+@njit(nogil=True, cache=True)
+def _horn(n_nts, owner, start, length, syms, alt_ok, counted):
+    """The counting fixpoint of :func:`_horn_fixpoint` over table-shaped rules: ``owner[k]``,
+    ``start[k]``, ``length[k]`` of alternative ``k`` (symbols ``syms``, a nonterminal as its index
+    below ``n_nts``); ``alt_ok[k]`` false drops the alternative; a symbol counts where
+    ``counted[position]`` (the others are terminals taken as fine). Returns uint8 per
+    nonterminal."""
+    n_alts = owner.shape[0]
+    missing = np.zeros(n_alts, np.int64)
+    n_uses = np.zeros(n_nts + 1, np.int64)
+    for k in range(n_alts):
+        if alt_ok[k]:
+            for p in range(start[k], start[k] + length[k]):
+                if counted[p]:
+                    n_uses[syms[p] + 1] += 1
+    for i in range(n_nts):
+        n_uses[i + 1] += n_uses[i]
+    uses = np.empty(n_uses[n_nts], np.int64)
+    fill = n_uses[:n_nts].copy()
+    done = np.zeros(n_nts, np.uint8)
+    todo = np.empty(n_nts, np.int64)
+    n_todo = 0
+    for k in range(n_alts):
+        if not alt_ok[k]:
+            continue
+        need = 0
+        for p in range(start[k], start[k] + length[k]):
+            if counted[p]:
+                uses[fill[syms[p]]] = k
+                fill[syms[p]] += 1
+                need += 1
+        missing[k] = need
+        if need == 0 and not done[owner[k]]:
+            done[owner[k]] = 1
+            todo[n_todo] = owner[k]
+            n_todo += 1
+    while n_todo:
+        n_todo -= 1
+        nt = todo[n_todo]
+        for u in range(n_uses[nt], n_uses[nt + 1]):
+            k = uses[u]
+            missing[k] -= 1
+            if missing[k] == 0 and not done[owner[k]]:
+                done[owner[k]] = 1
+                todo[n_todo] = owner[k]
+                n_todo += 1
+    return done
+
+
+@njit(nogil=True, cache=True)
+def _prune_flatten_kernel(keys, n_alts, alt_len, syms, hb, nul, liv, root, n_names, prune):
+    """:func:`lower`'s prune (when ``prune``) and :func:`_flatten` in one pass over rules as
+    arrays: ``keys`` the nonterminals (ids below ``n_names``) with ``n_alts`` alternatives each,
+    of lengths ``alt_len``, symbols ``syms`` concatenated (a terminal ``~e``). A terminal is alive
+    when nullable, free of intersections and complements (``hb``) or decided live (``liv``, the
+    store's flags); one that is none of these nor decided dead makes the status
+    :data:`FLAT_UNDECIDED`, with those terminals' expressions (Python decides them, and calls
+    again). Else the status is :data:`FLAT_OK`, or :data:`FLAT_EMPTY_ROOT`, or
+    :data:`FLAT_NULLABLE_TERMINAL` when pruning kept a nullable terminal (lowering must split
+    those first), with the tables: sym, end_lhs, prod_start, nt_prod_lo, nt_prod_hi,
+    nt_nullable, the lexemes (expression ids) and the kept nonterminals in table order (the
+    start rule's not among them)."""
+    n_rules = keys.shape[0]
+    n_all = alt_len.shape[0]
+    n_pos = syms.shape[0]
+    e32 = np.zeros(0, np.int32)
+    e64 = np.zeros(0, np.int64)
+    # the distinct terminals, numbered in order of first occurrence
+    tpos = np.empty(n_pos, np.int64)
+    n_t = 0
+    for p in range(n_pos):
+        if syms[p] < 0:
+            tpos[n_t] = p
+            n_t += 1
+    tpos = tpos[:n_t]
+    texpr = np.empty(n_t, np.int64)
+    for i in range(n_t):
+        texpr[i] = ~syms[tpos[i]]
+    by = np.argsort(texpr, kind="mergesort")   # (stable: the first of equal ones first)
+    tidx = np.full(n_pos, -1, np.int64)
+    first = np.empty(n_t, np.int64)   # distinct terminal -> its first occurrence's rank
+    n_u = 0
+    for j in range(n_t):
+        i = by[j]
+        if j == 0 or texpr[i] != texpr[by[j - 1]]:
+            first[n_u] = i
+            n_u += 1
+        tidx[tpos[i]] = n_u - 1
+    # renumbered by first occurrence
+    rank = np.argsort(first[:n_u])
+    renum = np.empty(n_u, np.int64)
+    for i in range(n_u):
+        renum[rank[i]] = i
+    uexpr = np.empty(n_u, np.int64)
+    for i in range(n_u):
+        uexpr[i] = texpr[first[rank[i]]]
+    for p in range(n_pos):
+        if tidx[p] >= 0:
+            tidx[p] = renum[tidx[p]]
+    term_ok = np.zeros(n_u, np.uint8)
+    n_undecided = 0
+    undecided = np.empty(n_u, np.int64)
+    for i in range(n_u):
+        e = uexpr[i]
+        if e == 0:   # EMPTY
+            continue
+        if nul[e] or not hb[e] or liv[e] == 1:   # nodestore.LIVE
+            term_ok[i] = 1
+        elif liv[e] != 2 and prune:   # not nodestore.DEAD: Python decides
+            undecided[n_undecided] = e
+            n_undecided += 1
+    if n_undecided:
+        return (FLAT_UNDECIDED, e32, e32, e32, e32, e32, np.zeros(0, np.uint8), undecided[:n_undecided].copy(), e64)
+    rule_of = np.full(n_names, -1, np.int64)
+    for r in range(n_rules):
+        rule_of[keys[r]] = r
+    first_alt = np.zeros(n_rules + 1, np.int64)
+    for r in range(n_rules):
+        first_alt[r + 1] = first_alt[r] + n_alts[r]
+    start = np.zeros(n_all, np.int64)
+    owner = np.empty(n_all, np.int64)
+    for r in range(n_rules):
+        for k in range(first_alt[r], first_alt[r + 1]):
+            owner[k] = r
+    for k in range(1, n_all):
+        start[k] = start[k - 1] + alt_len[k - 1]
+    # nonterminal symbols as rule indices (-1: not a rule)
+    rsym = np.full(n_pos, -1, np.int64)
+    is_nt = np.zeros(n_pos, np.uint8)
+    for p in range(n_pos):
+        s = syms[p]
+        if s >= 0:
+            is_nt[p] = 1
+            if s < n_names:
+                rsym[p] = rule_of[s]
+    alt_ok = np.ones(n_all, np.uint8)
+    root_rule = rule_of[root] if 0 <= root < n_names else -1
+    keep = np.ones(n_rules, np.uint8)
+    if prune:
+        for k in range(n_all):
+            for p in range(start[k], start[k] + alt_len[k]):
+                if (is_nt[p] and rsym[p] < 0) or (not is_nt[p] and not term_ok[tidx[p]]):
+                    alt_ok[k] = 0
+                    break
+        productive = _horn(n_rules, owner, start, alt_len, rsym, alt_ok, is_nt)
+        if root_rule < 0 or not productive[root_rule]:
+            return (FLAT_EMPTY_ROOT, e32, e32, e32, e32, e32, np.zeros(0, np.uint8), e64, e64)
+        for k in range(n_all):
+            if alt_ok[k]:
+                for p in range(start[k], start[k] + alt_len[k]):
+                    if is_nt[p] and not productive[rsym[p]]:
+                        alt_ok[k] = 0
+                        break
+        # reachable from the root through the alternatives kept
+        keep[:] = 0
+        keep[root_rule] = 1
+        todo = np.empty(n_rules, np.int64)
+        todo[0] = root_rule
+        n_todo = 1
+        while n_todo:
+            n_todo -= 1
+            r = todo[n_todo]
+            for k in range(first_alt[r], first_alt[r + 1]):
+                if not alt_ok[k]:
+                    continue
+                for p in range(start[k], start[k] + alt_len[k]):
+                    if is_nt[p]:
+                        q = rsym[p]
+                        if not keep[q]:
+                            keep[q] = 1
+                            todo[n_todo] = q
+                            n_todo += 1
+                    elif nul[uexpr[tidx[p]]]:
+                        return (FLAT_NULLABLE_TERMINAL, e32, e32, e32, e32, e32, np.zeros(0, np.uint8), e64, e64)
+    # table order: the kept nonterminals by id, then the start rule S' -> root
+    order = np.argsort(keys)
+    table = np.full(n_rules, -1, np.int64)
+    kept = np.empty(n_rules, np.int64)
+    n_kept = 0
+    for i in range(n_rules):
+        r = order[i]
+        if keep[r]:
+            table[r] = n_kept
+            kept[n_kept] = keys[r]
+            n_kept += 1
+    n_prods = 1
+    n_sym = 2
+    for k in range(n_all):
+        if keep[owner[k]] and alt_ok[k]:
+            n_prods += 1
+            n_sym += alt_len[k] + 1
+    sym = np.empty(n_sym, np.int32)
+    end_lhs = np.full(n_sym, -1, np.int32)
+    prod_start = np.empty(n_prods, np.int32)
+    lo = np.empty(n_kept + 1, np.int32)
+    hi = np.empty(n_kept + 1, np.int32)
+    p_owner = np.empty(n_prods, np.int64)
+    p_pure = np.zeros(n_prods, np.uint8)
+    lex_of = np.full(n_u, -1, np.int64)
+    lexemes = np.empty(n_u, np.int64)
+    n_lex = 0
+    n_p = 0
+    q = 0
+    for i in range(n_kept + 1):
+        lo[i] = n_p
+        if i < n_kept:
+            r = rule_of[kept[i]]
+            k0, k1 = first_alt[r], first_alt[r + 1]
+        else:
+            k0, k1 = 0, 1   # the start rule, one alternative [root]
+        for k in range(k0, k1):
+            if i < n_kept and not alt_ok[k]:
+                continue
+            prod_start[n_p] = q
+            p_owner[n_p] = i
+            pure = 1
+            if i == n_kept:
+                sym[q] = table[root_rule]
+                q += 1
+            else:
+                for p in range(start[k], start[k] + alt_len[k]):
+                    if is_nt[p]:
+                        sym[q] = table[rsym[p]]
+                    else:
+                        pure = 0
+                        t = tidx[p]
+                        if lex_of[t] < 0:
+                            lex_of[t] = n_lex
+                            lexemes[n_lex] = uexpr[t]
+                            n_lex += 1
+                        sym[q] = -(lex_of[t] + 2)
+                    q += 1
+            p_pure[n_p] = pure
+            end_lhs[q] = i
+            sym[q] = -1   # SYM_END
+            q += 1
+            n_p += 1
+        hi[i] = n_p
+    # nullable: the counting fixpoint over the alternatives without terminals
+    p_len = np.empty(n_prods, np.int64)
+    p_start = np.empty(n_prods, np.int64)
+    for j in range(n_prods):
+        p_start[j] = prod_start[j]
+        p_len[j] = (prod_start[j + 1] if j + 1 < n_prods else q) - prod_start[j] - 1
+    counted = np.zeros(q, np.uint8)
+    sym64 = np.empty(q, np.int64)
+    for j in range(q):
+        sym64[j] = sym[j]
+        counted[j] = sym[j] >= 0
+    nt_nul = _horn(n_kept + 1, p_owner, p_start, p_len, sym64, p_pure, counted)
+    return (FLAT_OK, sym, end_lhs, prod_start, lo, hi, nt_nul, lexemes[:n_lex].copy(), kept[:n_kept].copy())
+
+
+_prune_flatten = FastCall(_prune_flatten_kernel)
+
+
+def _flatten_compiled(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names: list[str],
+                      prune: bool) -> FlatGrammar | None:
+    """:func:`_flatten`, after lowering's prune when ``prune`` (JSON Schema grammars: their
+    terminals are their lexemes), in one compiled pass (:func:`_prune_flatten_kernel`). None
+    where the pruned rules hold a nullable terminal (lowering splits those in Python first, and
+    flattens in Python);
+    raises :class:`EmptyLanguageError` where the root derives nothing. The rules are left as
+    they were."""
+    keys = np.fromiter(rules, np.int64, len(rules))
+    alts = list(rules.values())
+    n_alts = np.fromiter(map(len, alts), np.int64, len(alts))
+    flat = list(chain.from_iterable(alts))
+    alt_len = np.fromiter(map(len, flat), np.int64, len(flat))
+    syms = np.fromiter(chain.from_iterable(flat), np.int64, int(alt_len.sum()))
+    for _ in range(2):
+        S = ex._S
+        r = _prune_flatten(keys, n_alts, alt_len, syms, S.hb, S.nul, S.liv, root_id, len(names), prune)
+        status, sym, end_lhs, prod_start, lo, hi, nul, lexemes, kept = r
+        if status != FLAT_UNDECIDED:
+            break
+        for e in lexemes.tolist():   # terminals whose emptiness takes a search, in rule order
+            ex.alive(e)   # (decided in the store's flags)
+    else:
+        return None
+    if status == FLAT_EMPTY_ROOT:
+        raise EmptyLanguageError(f"the grammar's root {names[root_id]!r} derives no string")
+    if status == FLAT_NULLABLE_TERMINAL:
+        return None
+    charge("Earley tables", 8 * sym.shape[0] + 4 * prod_start.shape[0] + 13 * lo.shape[0])
+    return FlatGrammar(
+        sym=sym, end_lhs=end_lhs, prod_start=prod_start, nt_prod_lo=lo, nt_prod_hi=hi, nt_nullable=nul,
+        start_nt=lo.shape[0] - 1, accept_pos=sym.shape[0] - 1, lexemes=lexemes.tolist(),
+        names=[names[nt] for nt in kept.tolist()] + ["<start>"],
     )
