@@ -84,12 +84,23 @@ class Grammar:
         return i
 
     def fresh(self, prefix: str) -> int:
-        n = len(self.names)
-        name = f"{prefix}#{n}"
-        while name in self.index:
-            n += 1
-            name = f"{prefix}#{n}"
-        return self._add(name, None)
+        """A new helper nonterminal. Its name is spelled ``prefix#<id>`` when shown
+        (:func:`rule_name`) and is not in :attr:`index`: a helper is referred to by id only (a
+        front end makes thousands: no name is formatted or indexed for them)."""
+        m = current()
+        if m is not None:
+            m.rules += RULE_BYTES
+            if m.rules >= RULES_BATCH:
+                m.flush()
+        names = self.names
+        i = len(names)
+        names.append(prefix + "#")
+        self.rules.append(None)
+        self.where.append(None)
+        return i
+
+    def name(self, nt: int) -> str:
+        return rule_name(self.names, nt)
 
     def define(self, nt: int, alternatives: list[list[int]], copy: bool = True) -> int:
         """Set the alternatives of ``nt`` (copied; ``copy=False``: the caller hands over the lists
@@ -128,8 +139,8 @@ class Grammar:
                 continue
             parts = []
             for a in alts:
-                parts.append(" ".join(self.names[s] if s >= 0 else "/" + self.exprs.to_str(~s) + "/" for s in a) or "ε")
-            out.append(f"{self.names[i]} ::= " + " | ".join(parts))
+                parts.append(" ".join(self.name(s) if s >= 0 else "/" + self.exprs.to_str(~s) + "/" for s in a) or "ε")
+            out.append(f"{self.name(i)} ::= " + " | ".join(parts))
         return "\n".join(out)
 
 
@@ -146,11 +157,26 @@ class FlatGrammar:
     start_nt: int              # the augmented start S' -> root
     accept_pos: int            # position of SYM_END of S' -> root
     lexemes: list[int]         # lexeme index -> expression id
-    names: list[str] = field(default_factory=list)
+    #: the lowered grammar's names and the one of each table nonterminal but the start rule's
+    #: (read by :attr:`names`: helper names are spelled only when shown)
+    name_src: list[str] = field(default_factory=list, repr=False)
+    name_ids: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def names(self) -> list[str]:
+        """The name of each table nonterminal, the start rule's ``<start>`` last."""
+        return [rule_name(self.name_src, nt) for nt in self.name_ids] + ["<start>"]
 
     @property
     def n_lexemes(self) -> int:
         return len(self.lexemes)
+
+
+def rule_name(names: list[str], nt: int) -> str:
+    """The name of nonterminal ``nt`` as shown: a helper's (stored as ``prefix#``, see
+    :meth:`Grammar.fresh`) with its id."""
+    n = names[nt]
+    return n + str(nt) if n[-1:] == "#" else n
 
 
 def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> FlatGrammar:
@@ -162,7 +188,7 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
     for i, alts in enumerate(g.rules):
         if alts is None:
             w = g.where[i]
-            raise UndefinedRuleError(f"rule {g.names[i]!r} is referenced but not defined",
+            raise UndefinedRuleError(f"rule {g.name(i)!r} is referenced but not defined",
                                      *(w if w else (None, None)))
     # the working copy lowering rewrites (the grammar itself is kept: both are held)
     charge("lowered rules", len(g.rules) * (RULE_BYTES + 56) + ALT_BYTES * sum(map(len, g.rules))
@@ -178,7 +204,7 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
         # a helper rule of lowering (an optional, a split union or repetition): its name and a
         # small rule (a split union charges its alternatives itself)
         charge("lowered rules", RULE_BYTES + alternatives_bytes(((0,), ())))
-        names.append(f"{prefix}#{len(names)}")
+        names.append(prefix + "#")
         return len(names) - 1
 
     def merge_terminals(alt: list[int]) -> list[int]:
@@ -204,7 +230,7 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
                         term_alive[s] = ex.alive(~s)
         productive = _least_fixpoint(rules, term_alive)
         if root_id not in productive:
-            raise EmptyLanguageError(f"the grammar's root {names[root_id]!r} derives no string")
+            raise EmptyLanguageError(f"the grammar's root {rule_name(names, root_id)!r} derives no string")
         # reachable from the root through productive alternatives, which are all that is kept
         seen = {root_id}
         todo = [root_id]
@@ -731,7 +757,7 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
     return FlatGrammar(
         sym=i32(sym), end_lhs=end_lhs, prod_start=i32(prod_start), nt_prod_lo=i32(lo),
         nt_prod_hi=i32(hi), nt_nullable=nul, start_nt=start, accept_pos=accept_pos,
-        lexemes=lexemes, names=[names[nt] for nt in nts] + ["<start>"],
+        lexemes=lexemes, name_src=names, name_ids=nts,
     )
 
 
@@ -1021,12 +1047,12 @@ def _flatten_compiled(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: i
     else:
         return None
     if status == FLAT_EMPTY_ROOT:
-        raise EmptyLanguageError(f"the grammar's root {names[root_id]!r} derives no string")
+        raise EmptyLanguageError(f"the grammar's root {rule_name(names, root_id)!r} derives no string")
     if status == FLAT_NULLABLE_TERMINAL:
         return None
     charge("Earley tables", 8 * sym.shape[0] + 4 * prod_start.shape[0] + 13 * lo.shape[0])
     return FlatGrammar(
         sym=sym, end_lhs=end_lhs, prod_start=prod_start, nt_prod_lo=lo, nt_prod_hi=hi, nt_nullable=nul,
         start_nt=lo.shape[0] - 1, accept_pos=sym.shape[0] - 1, lexemes=lexemes.tolist(),
-        names=[names[nt] for nt in kept.tolist()] + ["<start>"],
+        name_src=names, name_ids=kept.tolist(),
     )

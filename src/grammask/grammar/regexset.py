@@ -315,9 +315,14 @@ class ExprSet:
         n0 = len(self.kind)
         n = mcnt[ns.C_NODES]
         mcnt[ns.C_SYNCED] = n
-        self.kind += mk[n0:n]
-        self._nullable += mnul[n0:n]
-        self._has_bool += mhb[n0:n]
+        if n == n0 + 1:   # (most syncs: appends cost a third of slices)
+            self.kind.append(mk[n0])
+            self._nullable.append(mnul[n0])
+            self._has_bool.append(mhb[n0])
+        else:
+            self.kind += mk[n0:n]
+            self._nullable += mnul[n0:n]
+            self._has_bool += mhb[n0:n]
         args = self.args
         for i in range(n0, n):
             k = mk[i]

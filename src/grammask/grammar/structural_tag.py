@@ -61,7 +61,7 @@ def import_grammar(dst: Grammar, src: Grammar, prefix: str, root: str | int | No
         root = src.root if src.root is not None else src.index["root"]
     root_id = src.index[root] if isinstance(root, str) else root
     memo: dict[int, int] = {}
-    remap = {i: dst.nonterminal(f"{prefix}:{name}") for i, name in enumerate(src.names)}
+    remap = {i: dst.nonterminal(f"{prefix}:{src.name(i)}") for i in range(len(src.names))}
     for i, alts in enumerate(src.rules):
         if alts is None:
             continue

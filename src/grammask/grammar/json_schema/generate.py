@@ -482,7 +482,9 @@ class GrammarGenerator(Stage):
         subsets = [t for t in range(1, full + 1)]
 
         def key_tok(body: int) -> int:
-            return self.tok(key_lead, ex.concat(q, body, q, colon))
+            # (one concatenation: the node of self.tok(key_lead, ex.concat(q, body, q, colon)),
+            # concatenation being associative in the store, made in one call instead of two)
+            return ~ex.concat(key_lead, q, body, q, colon)
 
         mem = []   # per declared member: ([(symbols, bits)], required)
         for k, v, req in members:
