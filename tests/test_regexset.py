@@ -330,7 +330,16 @@ def test_compiled_store_grows_and_keeps_its_ids():
     assert all(ex.matches(u, words[5 * j]) for j, u in enumerate(unions))
     S = ex._S   # the store's record now (each growth makes a new one)
     n = int(S.cnt[ns.C_NODES])
-    assert n == len(ex) == len(ex.args)
+    assert n == len(ex)
+    # every node's arguments, decoded from the store on first read, as the store holds them
+    for e in range(n):
+        k, a, b = int(S.kind[e]), int(S.a[e]), int(S.b[e])
+        want = ((a, b) if k == ns.CONCAT else tuple(S.pool[a:a + b].tolist()) if k in (ns.OR, ns.AND)
+                else (a, b, int(S.c[e])) if k == ns.REPEAT else (a,) if k == ns.NOT
+                else (int.from_bytes(S.bm[a].tobytes(), "little"),) if k == ns.BYTES else ())
+        assert ex.args[e] == want, e
+    with pytest.raises(IndexError):
+        ex.args[n]
     assert bytes(ex.kind) == S.kind[:n].tobytes() and bytes(ex._nullable) == S.nul[:n].tobytes()
     assert np.array_equal(np.frombuffer(bytes(ex._has_bool), np.uint8), S.hb[:n])
 
@@ -676,7 +685,8 @@ def test_store_past_its_node_bound_raises_a_typed_error():
     with pytest.raises(GrammarTooComplexError, match="exceed 60 nodes"):
         for i in range(100):
             made.append(ex.literal(f"key{i}"))
-    assert 40 <= len(ex) == len(ex.args) == len(ex._nullable) <= 60
+    assert 40 <= len(ex) == len(ex._nullable) <= 60
+    assert all(isinstance(ex.args[e], tuple) for e in range(len(ex)))
     assert made and all(ex.matches(e, f"key{i}") for i, e in enumerate(made))
 
 

@@ -30,6 +30,7 @@ store's tables and scratch arrays are written in place.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 
 import numpy as np
@@ -154,6 +155,48 @@ def _union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(sorted(set(a).union(b)))
 
 
+class _NodeArgs(dict):
+    """:attr:`ExprSet.args`: a node's arguments as a tuple, ``(a, b)`` of a concatenation, the
+    sorted children of a union or intersection, ``(mask,)`` of a byte set (a 256-bit int),
+    ``(x, lo, hi)`` of a repetition (``hi`` -1: unbounded), ``(x,)`` of a complement, ``()`` of
+    the empty set and the empty word. Read from the compiled store the first time a node is
+    asked for and kept (a node never changes): most nodes, the derivatives the compiled lexer
+    makes by the thousand, are never read from Python, and mirroring each as it was made cost
+    a quarter of a microsecond a node. An id past the store's nodes raises IndexError."""
+
+    __slots__ = ("_owner",)
+
+    def __init__(self, owner: "ExprSet"):
+        super().__init__()
+        self._owner = weakref.ref(owner)   # (no cycle: an ExprSet is freed by its count)
+
+    def __missing__(self, e: int) -> tuple:
+        ex = self._owner()
+        v = ex._mv
+        if v[9] is not ex._S:
+            v = ex._views()
+        mk, ma, mb, mc, _, _, mpool, mbm, mcnt, _ = v
+        if not 0 <= e < mcnt[ns.C_NODES]:
+            raise IndexError(f"no node {e}")
+        k = mk[e]
+        if k == CONCAT:
+            r = (ma[e], mb[e])
+        elif k == OR or k == AND:
+            a = ma[e]
+            r = tuple(mpool[a:a + mb[e]])
+        elif k == BYTES:
+            i = 4 * ma[e]
+            r = (mbm[i] | mbm[i + 1] << 64 | mbm[i + 2] << 128 | mbm[i + 3] << 192,)
+        elif k == REPEAT:
+            r = (ma[e], mb[e], mc[e])
+        elif k == NOT:
+            r = (ma[e],)
+        else:
+            r = ()
+        self[e] = r
+        return r
+
+
 class ExprSet:
     """A store of hash-consed byte regexes, their derivatives and properties."""
 
@@ -177,7 +220,8 @@ class ExprSet:
         # big heap: a pause that lands on whatever mask is being computed).
         self._S = kstruct(ns.new_arrays(max_nodes))
         self.kind = bytearray()
-        self.args: list[tuple] = []
+        #: node id -> its arguments (children, a byte mask, repeat bounds), decoded on first read
+        self.args = _NodeArgs(self)
         self._nullable = bytearray()
         self._has_bool = bytearray()  # contains AND or NOT: emptiness needs exploration
         self._derivs_seen = 0               # the store's derivative count at the last charge
@@ -306,12 +350,13 @@ class ExprSet:
         return v
 
     def _sync(self) -> None:
-        """Add the nodes the store made since the last call to the Python mirrors (and count
-        them, and the derivatives made, against the active compile's memory bound)."""
+        """Add the nodes the store made since the last call to the Python mirrors of the kinds and
+        flags (:attr:`args` reads a node when asked), and count them, and the derivatives made,
+        against the active compile's memory bound."""
         v = self._mv
         if v[9] is not self._S:
             v = self._views()
-        mk, ma, mb, mc, mnul, mhb, mpool, mbm, mcnt, _ = v
+        mk, _, _, _, mnul, mhb, _, _, mcnt, _ = v
         n0 = len(self.kind)
         n = mcnt[ns.C_NODES]
         mcnt[ns.C_SYNCED] = n
@@ -323,23 +368,6 @@ class ExprSet:
             self.kind += mk[n0:n]
             self._nullable += mnul[n0:n]
             self._has_bool += mhb[n0:n]
-        args = self.args
-        for i in range(n0, n):
-            k = mk[i]
-            if k == CONCAT:
-                args.append((ma[i], mb[i]))
-            elif k == OR or k == AND:
-                a = ma[i]
-                args.append(tuple(mpool[a:a + mb[i]]))
-            elif k == BYTES:
-                r = 4 * ma[i]
-                args.append((mbm[r] | mbm[r + 1] << 64 | mbm[r + 2] << 128 | mbm[r + 3] << 192,))
-            elif k == REPEAT:
-                args.append((ma[i], mb[i], mc[i]))
-            elif k == NOT:
-                args.append((ma[i],))
-            else:
-                args.append(())
         # charged once the mirrors are whole (the charge may raise)
         d = mcnt[ns.C_DERIVS]   # charged with the nodes (a derivative alone adds little)
         m = current()   # the compile memory bound (membound.py), counted in batches
