@@ -20,6 +20,12 @@ expression in the grammar's :class:`~.regexset.ExprSet`.
    ``check_lexemes=False``: their terminals are then taken as the lexemes, as given (steps 2 and 4
    are skipped).
 5. the rules are flattened into int32 arrays for the Earley kernels (:mod:`.earley`).
+
+Steps 1 and 5 run as one compiled pass over the rules laid out as arrays
+(:func:`_prune_flatten_kernel`) where the terminals are the lexemes (JSON Schema: the grammar of a
+median MaskBench schema lowered in 0.19 -> 0.10 ms, of a p99 one 9 -> 2.6 ms); a grammar that
+keeps a nullable terminal takes the Python path (prune, split, :func:`_flatten`), which is also
+the tests' reference for the compiled one.
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ part                   charged by                                     estimate
                                                                       symbol
 ``lowered rules``      ``cfg.lower``: its working copy of the rules   the same
                        and the rules its lexeme splits add
-``Earley tables``      ``cfg._flatten``: the int32 tables             their bytes
+``Earley tables``      ``cfg._flatten(_compiled)``: the int32 tables  their bytes
 ``lexer tables``       ``GrammarCompiler``, once the compile is done  their bytes
 =====================  =============================================  ===========================
 
