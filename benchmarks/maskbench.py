@@ -13,7 +13,10 @@ plus the commit of its token. Warm TBM: every mask and commit of a second pass o
 instances with the compiled grammar kept (the steady state of a server that sees a schema again).
 The engines' workers run side by side: each schema is run by every engine in turn (the first
 engine alternating from one schema to the next), so a drift of the host's speed during the run
-reaches all engines alike. Ratios are given twice: each engine over its own schemas that ran, and
+reaches all engines alike (``--sequential``: one engine after the other, each with the machine to
+itself, the method before session 30; the engines then also keep their data in the CPU caches from
+one schema to the next, which in the side-by-side runs the other engine's schema evicts).
+Ratios are given twice: each engine over its own schemas that ran, and
 like for like, over the schemas every engine compiled and ran. Peak RSS: the largest ``ru_maxrss`` of the engine's worker processes, once its tokenizer is loaded
 and over the run (a worker killed after a timeout or crash reports nothing). Each engine runs in
 its own worker process, which first compiles and masks a small schema (``WARM_SCHEMA``: kernels
@@ -667,8 +670,10 @@ def ratio_row(label: str, g: dict, s: dict) -> list:
 
 def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
     which = f"selected by --ids from {args.data}" if getattr(args, "ids", None) else f"every {args.every}th of {args.data}"
+    how = ("engines one after the other" if getattr(args, "sequential", False)
+           else "engines side by side, each schema by each in turn")
     lines = [f"{n_schemas} schemas ({which}), tokenizer Llama-3, "
-             f"timeout {args.timeout:g} s per schema; {machine_line()}; run took {elapsed:.0f} s.", ""]
+             f"timeout {args.timeout:g} s per schema, {how}; {machine_line()}; run took {elapsed:.0f} s.", ""]
     head = ["engine", "passing", "compile errors", "mask errors", "timeouts", "crashes", "valid rejected",
             "of which order only", "invalid accepted", "tests"]
     rows = [[s["engine"], f"{s['passing']} ({100 * s['passing'] / max(1, s['schemas']):.1f}%)",
@@ -822,7 +827,11 @@ def main(argv=None) -> None:
     ap.add_argument("--no-gc-freeze", action="store_true",
                     help="leave each worker's startup heap to the cyclic collector (default: frozen once ready)")
     ap.add_argument("--section", default=None,
-                    help="with --ids: the RESULTS.md section's name, 'maskbench.py (NAME)' (default: selected schemas)")
+                    help="the RESULTS.md section's name, 'maskbench.py (NAME)' (default: full data, 1 in N, or "
+                         "selected schemas with --ids)")
+    ap.add_argument("--sequential", action="store_true",
+                    help="run the engines one after the other (each over every schema, with the machine to itself: "
+                         "the method before session 30), not side by side")
     ap.add_argument("--plot", default=None,
                     help="PNG path (default benchmarks/maskbench_tbm.png, or maskbench_tbm_1inN.png for --every N)")
     args = ap.parse_args(argv)
@@ -833,6 +842,8 @@ def main(argv=None) -> None:
         args.plot = str(Path(__file__).resolve().parent / f"maskbench_tbm{suffix}.png")
     # the full data and each sample keep their own section of RESULTS.md
     section = "maskbench.py (full data)" if args.every == 1 else f"maskbench.py (1 in {args.every})"
+    if args.section and not args.ids:
+        section = f"maskbench.py ({args.section})"
     ids = set(args.ids.split(",")) if args.ids else None
     if ids:
         args.every = 1
@@ -855,17 +866,29 @@ def main(argv=None) -> None:
     t_start = time.time()
     # the engines' workers side by side, every schema run by each in turn (the first engine
     # alternating): a drift of the host's speed over the run reaches every engine alike
-    workers = [Worker(name, tok.path, gc_freeze=not args.no_gc_freeze) for name in engines]
     results: list[list[dict]] = [[] for _ in engines]
-    for k, (sid, split, schema, toks) in enumerate(tasks):
-        order = range(len(engines)) if k % 2 == 0 else reversed(range(len(engines)))
-        for j in order:
-            results[j].append(workers[j].run(sid, schema, toks, args.timeout, args.order_search))
-        if (k + 1) % 50 == 0:
-            print(f"  {k + 1}/{len(tasks)} schemas, {time.time() - t_start:.0f} s", file=sys.stderr)
+    workers = []
+    if args.sequential:   # one engine at a time, each with the machine to itself
+        for j, name in enumerate(engines):
+            w = Worker(name, tok.path, gc_freeze=not args.no_gc_freeze)
+            for k, (sid, split, schema, toks) in enumerate(tasks):
+                results[j].append(w.run(sid, schema, toks, args.timeout, args.order_search))
+                if (k + 1) % 50 == 0:
+                    print(f"  {name}: {k + 1}/{len(tasks)} schemas, {time.time() - t_start:.0f} s", file=sys.stderr)
+            w.close()
+            workers.append(w)
+    else:
+        workers = [Worker(name, tok.path, gc_freeze=not args.no_gc_freeze) for name in engines]
+        for k, (sid, split, schema, toks) in enumerate(tasks):
+            order = range(len(engines)) if k % 2 == 0 else reversed(range(len(engines)))
+            for j in order:
+                results[j].append(workers[j].run(sid, schema, toks, args.timeout, args.order_search))
+            if (k + 1) % 50 == 0:
+                print(f"  {k + 1}/{len(tasks)} schemas, {time.time() - t_start:.0f} s", file=sys.stderr)
+        for w in workers:
+            w.close()
     summaries = []
     for name, w, res in zip(engines, workers, results):
-        w.close()
         s = summarize(name, res, [t[1] for t in tasks], [t[0] for t in tasks])
         s["ready_rss_mib"], s["workers"] = w.ready_rss_mib, w.starts
         s["failures"] = [(t[0], "timeout" if r.get("timeout") else "crash" if r.get("crash")
