@@ -15,10 +15,10 @@ The engines' workers run side by side: each schema is run by every engine in tur
 engine alternating from one schema to the next), so a drift of the host's speed during the run
 reaches all engines alike (``--sequential``: one engine after the other, each with the machine to
 itself, the method before session 30; the engines then also keep their data in the CPU caches from
-one schema to the next, which in the side-by-side runs the other engine's schema evicts).
-Ratios are given twice: each engine over its own schemas that ran, and
-like for like, over the schemas every engine compiled and ran. Peak RSS: the largest ``ru_maxrss`` of the engine's worker processes, once its tokenizer is loaded
-and over the run (a worker killed after a timeout or crash reports nothing). Each engine runs in
+one schema to the next, which in the side-by-side runs the other engine's schema evicts). Ratios
+are given twice: each engine over its own schemas that ran, and like for like, over the schemas
+every engine compiled and ran. Peak RSS: the largest ``ru_maxrss`` of the engine's worker
+processes, once its tokenizer is loaded and over the run (a worker killed after a timeout or crash reports nothing). Each engine runs in
 its own worker process, which first compiles and masks a small schema (``WARM_SCHEMA``: kernels
 and first-use paths loaded, as a server's warm-up; grammask's worker also loads every kernel of
 its disk cache first, ``grammask.preload_kernels()``, as ``grammask serve`` does) and then freezes its heap out of the garbage
@@ -657,15 +657,18 @@ def restrict(s: dict, idx: list[int]) -> dict:
 
 
 def ratio_row(label: str, g: dict, s: dict) -> list:
-    gw, sw = g["tbm_warm"], s["tbm_warm"]
-    return [label,
-            fmt((sum(g["tbm"]) / len(g["tbm"])) / (sum(s["tbm"]) / len(s["tbm"])), 2) if g["tbm"] and s["tbm"] else "-",
-            fmt(pct(g["tbm"], 50) / pct(s["tbm"], 50), 2) if g["tbm"] and s["tbm"] else "-",
-            fmt(pct(g["tbm"], 99) / pct(s["tbm"], 99), 2) if g["tbm"] and s["tbm"] else "-",
-            fmt(pct(g["ttfm"], 50) / pct(s["ttfm"], 50), 2) if s["ttfm"] and g["ttfm"] else "-",
-            fmt(pct(g["ttfm"], 99) / pct(s["ttfm"], 99), 2) if s["ttfm"] and g["ttfm"] else "-",
-            fmt((sum(gw) / len(gw)) / (sum(sw) / len(sw)), 2) if gw and sw else "-",
-            fmt(pct(gw, 50) / pct(sw, 50), 2) if gw and sw else "-"]
+    """grammask's timings ``g`` over another engine's ``s``: TBM avg/p50/p99, TTFM p50/p99, warm
+    avg/p50 ("-" where either side has none)."""
+    def ratio(key, stat):
+        a, b = g[key], s[key]
+        if not a or not b:
+            return "-"
+        return fmt(stat(a) / stat(b), 2)
+
+    avg = lambda v: sum(v) / len(v)  # noqa: E731
+    p50, p99 = (lambda v: pct(v, 50)), (lambda v: pct(v, 99))
+    return [label, ratio("tbm", avg), ratio("tbm", p50), ratio("tbm", p99), ratio("ttfm", p50),
+            ratio("ttfm", p99), ratio("tbm_warm", avg), ratio("tbm_warm", p50)]
 
 
 def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
@@ -864,8 +867,6 @@ def main(argv=None) -> None:
         toks = [(bool(t["valid"]), tok.encode(json.dumps(t["data"])), t["data"]) for t in tests]
         tasks.append((sid, split, schema, toks))
     t_start = time.time()
-    # the engines' workers side by side, every schema run by each in turn (the first engine
-    # alternating): a drift of the host's speed over the run reaches every engine alike
     results: list[list[dict]] = [[] for _ in engines]
     workers = []
     if args.sequential:   # one engine at a time, each with the machine to itself
@@ -878,6 +879,8 @@ def main(argv=None) -> None:
             w.close()
             workers.append(w)
     else:
+        # side by side, every schema run by each engine in turn (the first alternating): a drift
+        # of the host's speed over the run reaches every engine alike
         workers = [Worker(name, tok.path, gc_freeze=not args.no_gc_freeze) for name in engines]
         for k, (sid, split, schema, toks) in enumerate(tasks):
             order = range(len(engines)) if k % 2 == 0 else reversed(range(len(engines)))

@@ -38,7 +38,8 @@ from numba import njit
 from ..errors import EmptyLanguageError, GrammarTooComplexError, UndefinedRuleError
 from .lexdfa import FastCall
 from .membound import ALT_BYTES, RULE_BYTES, RULES_BATCH, SYMBOL_BYTES, alternatives_bytes, charge, current
-from .regexset import CONCAT, EPS, INF, OR, REPEAT, ExprSet
+from .nodestore import DEAD as NODE_DEAD, LIVE as NODE_LIVE
+from .regexset import CONCAT, EMPTY, EPS, INF, OR, REPEAT, ExprSet
 
 # flat symbol encoding in the Earley tables
 SYM_END = -1  # end of a production; the lexeme with index l is encoded as -(l + 2)
@@ -56,6 +57,15 @@ def term(e: int) -> int:
 
 def is_term(sym: int) -> bool:
     return sym < 0
+
+
+def _count_rules(nbytes: int) -> None:
+    """Charge grammar rules to the active compile's memory bound (membound.py), in batches."""
+    m = current()
+    if m is not None:
+        m.rules += nbytes
+        if m.rules >= RULES_BATCH:
+            m.flush()
 
 
 class Grammar:
@@ -77,14 +87,14 @@ class Grammar:
 
     def _add(self, name: str, where: tuple[int, int] | None) -> int:
         """A new nonterminal named ``name`` (not taken)."""
-        m = current()   # the compile memory bound (membound.py), counted in batches
-        if m is not None:
-            m.rules += RULE_BYTES
-            if m.rules >= RULES_BATCH:
-                m.flush()
+        i = self._new(name, where)
+        self.index[name] = i
+        return i
+
+    def _new(self, name: str, where: tuple[int, int] | None) -> int:
+        _count_rules(RULE_BYTES)
         i = len(self.names)
         self.names.append(name)
-        self.index[name] = i
         self.rules.append(None)
         self.where.append(where)
         return i
@@ -93,17 +103,7 @@ class Grammar:
         """A new helper nonterminal. Its name is spelled ``prefix#<id>`` when shown
         (:func:`rule_name`) and is not in :attr:`index`: a helper is referred to by id only (a
         front end makes thousands: no name is formatted or indexed for them)."""
-        m = current()
-        if m is not None:
-            m.rules += RULE_BYTES
-            if m.rules >= RULES_BATCH:
-                m.flush()
-        names = self.names
-        i = len(names)
-        names.append(prefix + "#")
-        self.rules.append(None)
-        self.where.append(None)
-        return i
+        return self._new(prefix + "#", None)
 
     def name(self, nt: int) -> str:
         return rule_name(self.names, nt)
@@ -111,20 +111,12 @@ class Grammar:
     def define(self, nt: int, alternatives: list[list[int]], copy: bool = True) -> int:
         """Set the alternatives of ``nt`` (copied; ``copy=False``: the caller hands over the lists
         and never changes them again)."""
-        m = current()
-        if m is not None:
-            m.rules += 56 + ALT_BYTES * len(alternatives) + SYMBOL_BYTES * sum(map(len, alternatives))
-            if m.rules >= RULES_BATCH:
-                m.flush()
+        _count_rules(56 + ALT_BYTES * len(alternatives) + SYMBOL_BYTES * sum(map(len, alternatives)))
         self.rules[nt] = [list(a) for a in alternatives] if copy else alternatives
         return nt
 
     def add_alternative(self, nt: int, alt: list[int]) -> None:
-        m = current()
-        if m is not None:
-            m.rules += ALT_BYTES + SYMBOL_BYTES * len(alt)
-            if m.rules >= RULES_BATCH:
-                m.flush()
+        _count_rules(ALT_BYTES + SYMBOL_BYTES * len(alt))
         if self.rules[nt] is None:
             self.rules[nt] = []
         self.rules[nt].append(list(alt))
@@ -395,7 +387,7 @@ def lower(g: Grammar, root: str | int = "root", check_lexemes: bool = True) -> F
         return _flatten(ex, rules, root_id, names)
 
     _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable_terminals, prune)
-    return _flatten_compiled(ex, rules, root_id, names, prune=False) or _flatten(ex, rules, root_id, names)
+    return _flatten_compiled(ex, rules, root_id, names, prune=False)
 
 
 def _horn_fixpoint(rules: dict[int, list[list[int]]], term_ok) -> set[int]:
@@ -876,11 +868,11 @@ def _prune_flatten_kernel(keys, n_alts, alt_len, syms, hb, nul, liv, root, n_nam
     undecided = np.empty(n_u, np.int64)
     for i in range(n_u):
         e = uexpr[i]
-        if e == 0:   # EMPTY
+        if e == EMPTY:
             continue
-        if nul[e] or not hb[e] or liv[e] == 1:   # nodestore.LIVE
+        if nul[e] or not hb[e] or liv[e] == NODE_LIVE:
             term_ok[i] = 1
-        elif liv[e] != 2 and prune:   # not nodestore.DEAD: Python decides
+        elif liv[e] != NODE_DEAD and prune:   # Python decides
             undecided[n_undecided] = e
             n_undecided += 1
     if n_undecided:
@@ -1006,7 +998,7 @@ def _prune_flatten_kernel(keys, n_alts, alt_len, syms, hb, nul, liv, root, n_nam
                     q += 1
             p_pure[n_p] = pure
             end_lhs[q] = i
-            sym[q] = -1   # SYM_END
+            sym[q] = SYM_END
             q += 1
             n_p += 1
         hi[i] = n_p
@@ -1033,8 +1025,7 @@ def _flatten_compiled(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: i
     """:func:`_flatten`, after lowering's prune when ``prune`` (JSON Schema grammars: their
     terminals are their lexemes), in one compiled pass (:func:`_prune_flatten_kernel`). None
     where the pruned rules hold a nullable terminal (lowering splits those in Python first, and
-    flattens in Python);
-    raises :class:`EmptyLanguageError` where the root derives nothing. The rules are left as
+    flattens in Python); raises :class:`EmptyLanguageError` where the root derives nothing. The rules are left as
     they were."""
     keys = np.fromiter(rules, np.int64, len(rules))
     alts = list(rules.values())

@@ -368,9 +368,7 @@ def _first_table(ex: ExprSet, exprs: list[int]) -> np.ndarray:
     (byte ``b``: bit ``b % 64`` of word ``b // 64``)."""
     t = np.zeros((len(exprs), 4), np.uint64)
     for k, e in enumerate(exprs):
-        m = ex.first_bytes(e)
-        for w in range(4):
-            t[k, w] = m >> (64 * w) & (2 ** 64 - 1)
+        t[k] = np.frombuffer(ex.first_bytes(e).to_bytes(32, "little"), np.uint64)
     return t
 
 
