@@ -257,3 +257,43 @@ def test_slices_ordered_by_prefix_follow_from_one_proof_and_agree_with_proving_e
         assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
     combos = {got[s][1] for s in states}
     assert len(combos - {0}) >= 2, combos   # states with different slices contained
+
+
+def test_a_member_that_contains_a_slice_decides_it_for_the_state(llama3, monkeypatch):
+    """A slice contained in one member's strings is contained in the state's (their union), so
+    ``SliceChecker`` reads each member's own flags (shared in the ExprSet) before proving over
+    the union. The flags must equal those of proving over the union alone, on every state of a
+    document whose object mixes literal keys and free ones (states of several members), and
+    fewer proofs over unions must have run."""
+    proofs = _count_proofs(monkeypatch)
+    unions = [0]
+    settle = slicer.SliceChecker._settle
+
+    def counting(self, ex, u, known, deadline):
+        unions[0] += u not in self._member_exprs
+        return settle(self, ex, u, known, deadline)
+
+    monkeypatch.setattr(slicer.SliceChecker, "_settle", counting)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "nick": {"type": "string"},
+                                               "n": {"type": "integer"}},
+              "additionalProperties": {"type": "string"}}
+    doc = '{"name": "a b", "nickel": "x y", "nick": "z", "na": "caf\u00e9", "n": 3}'
+    cg, lexer, states = _states_of(llama3, schema, doc)
+    states += [s for s in range(lexer.n_states) if len(lexer.state_members(s)) > 1][:40]
+    multi = [s for s in states if len(lexer.state_members(s)) > 1]
+    assert len(multi) >= 5, "no state of several members: the test does not exercise the members' flags"
+    fast = cg.slicer_of(lexer)
+    union = slicer.SliceChecker(lexer)
+    union._shared = {}
+    monkeypatch.setattr(union, "_member_combo", lambda ex, x, deadline: 0)   # the union only
+    for ch in (fast, union):
+        ch._member_exprs = {x for s in states for _, x in lexer.state_members(s)}
+    unions[0] = 0
+    got = {s: fast.skip_flags(s) for s in states}
+    n_fast = unions[0]
+    unions[0] = 0
+    want = {s: union.skip_flags(s) for s in states}
+    assert unions[0] > n_fast, "no proof over a union was spared"
+    for s in states:
+        assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
+    assert any(got[s][1] for s in multi), "no state of several members had a contained slice"

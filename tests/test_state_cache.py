@@ -321,7 +321,73 @@ def test_nested_entries_are_appended_and_read_back_across_growth():
         assert S.keys[slot] == (t << 32 | i) and S.vals[slot] == e
         assert (S.toks[S.e_tok_off[e]:S.e_tok_off[e + 1]] == toks).all()
         g0, g1 = S.e_grp_off[e], S.e_grp_off[e + 1]
-        assert (S.grp_state[g0:g1] == gs).all() and (S.grp_byte[g0:g1] == gb).all()
+        assert (S.grp_acc[g0:g1] == gs).all() and (S.grp_byte[g0:g1] == gb).all()
         for j in range(g1 - g0):
             got = S.nodes[S.grp_node_off[g0 + j]:S.grp_node_off[g0 + j + 1]]
             assert (got == nodes[go[j]:go[j + 1]]).all()
+
+
+# two schemas over the same lexemes, met in other orders (and the second with more before them),
+# so that a lexeme has another id in each: the second adopts the first's entries (one ExprSet: one
+# compiler), mapping each group's accepting members to its own lexemes. A date is also a string
+# of at most 12 characters: where one ends, both members accept.
+SHARED_SCHEMAS = [
+    {"type": "array", "items": {"anyOf": [{"type": "string", "format": "date"}, {"type": "string", "maxLength": 12},
+                                          {"type": "integer"}]}},
+    {"type": "object", "properties": {"x": {"type": "integer"}, "d": {"type": "array", "items": {"anyOf": [
+        {"type": "integer"}, {"type": "string", "maxLength": 12}, {"type": "string", "format": "date"}]}}}},
+]
+SHARED_TEXTS = [[json.dumps(["2024-01-05", "ab", 3, "1999-12-31"]), json.dumps(["x y", 12, "2000-02-29"], indent=1)],
+                [json.dumps({"x": 1, "d": ["2024-01-05", 7, "q"]}), json.dumps({"d": ["1999-12-31", "é"]})]]
+
+
+def _walk_pair(info, tk, a_cg, b_cg, texts, seed):
+    r = random.Random(seed)
+    for text in texts:
+        a, b = GrammarMatcher(a_cg), GrammarMatcher(b_cg)
+        for t in tk.encode(text, add_special_tokens=False).ids:
+            ma, mb = _mask(a), _mask(b)
+            assert np.array_equal(ma, mb), f"before {tk.decode([t])!r} of {text!r}"
+            if r.random() < 0.3:
+                allowed = np.flatnonzero(np.unpackbits(ma.view(np.uint8), bitorder="little")[: info.vocab_size])
+                allowed = [x for x in allowed.tolist() if x not in info.stop_token_ids]
+                if allowed:
+                    x = r.choice(allowed)
+                    assert a.accept_token(x) and b.accept_token(x)
+                    assert np.array_equal(_mask(a), _mask(b))
+                    a.rollback(1)
+                    b.rollback(1)
+            assert a.accept_token(t) and b.accept_token(t)
+        assert np.array_equal(_mask(a), _mask(b)) and a.can_terminate() and b.can_terminate()
+
+
+def test_entries_shared_across_grammars_map_their_lexemes(llama3, cache_every_state):
+    info, tk = llama3
+    comp = GrammarCompiler(info, cache_size=0)   # every grammar of it shares one ExprSet
+    first = comp.compile_json_schema(SHARED_SCHEMAS[0])
+    plain0 = GrammarCompiler(info, cache_size=0).compile_json_schema(SHARED_SCHEMAS[0])
+    plain0.mask_cache_of(plain0.lexer).max_bytes = 0
+    _walk_pair(info, tk, first, plain0, SHARED_TEXTS[0], 0)
+    mc0 = first.mask_cache_of(first.lexer)
+    assert mc0.n_cached > 0
+    shared = mc0.shared.entries
+    assert shared and any(len(p) > 1 for e in shared.values() for p in e[6]), \
+        "no shared entry has a group where two members accept: the mapping is not exercised"
+    second = comp.compile_json_schema(SHARED_SCHEMAS[1])
+    assert second.lexer.exprs is first.lexer.exprs
+    plain1 = GrammarCompiler(info, cache_size=0).compile_json_schema(SHARED_SCHEMAS[1])
+    plain1.mask_cache_of(plain1.lexer).max_bytes = 0
+    _walk_pair(info, tk, second, plain1, SHARED_TEXTS[1], 1)
+    assert second.mask_cache_of(second.lexer).n_adopted > 0
+    assert plain1.mask_cache_of(plain1.lexer).n_cached == 0
+
+
+def test_shared_entries_are_bounded(llama3, cache_every_state, monkeypatch):
+    info, tk = llama3
+    monkeypatch.setattr(state_cache, "MAX_SHARED_BYTES", 0)
+    comp = GrammarCompiler(info, cache_size=0)
+    cg = comp.compile_json_schema(SHARED_SCHEMAS[0])
+    plain = GrammarCompiler(info, cache_size=0).compile_json_schema(SHARED_SCHEMAS[0])
+    _walk_pair(info, tk, cg, plain, SHARED_TEXTS[0][:1], 2)
+    mc = cg.mask_cache_of(cg.lexer)
+    assert mc.n_cached > 0 and not mc.shared.entries and mc.shared.nbytes == 0

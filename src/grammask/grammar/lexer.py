@@ -53,6 +53,7 @@ _eager_expand_rows = FastCall(rowstore.eager_expand_rows)
 _intern_members = FastCall(intern_members)
 _fill_stored_rows = FastCall(rowstore.fill_stored_rows)
 _g_intern = FastCall(g_intern)
+_intern_acc = FastCall(lexdfa._intern_acc)
 #: state moves kept per ExprSet (shared by its grammars) before the cache starts over
 MAX_CACHED_MOVES = 50_000
 #: states of one lexer generation (see the module docstring); ``trans`` is 1 KiB per state
@@ -711,9 +712,23 @@ class Lexer:
         k = int(self.state_acc[s])
         if k < 0:
             return ()
+        return self.accepted_set(k)
+
+    def accepted_set(self, k: int) -> tuple[int, ...]:
+        """The lexemes (sorted) of accepted set ``k`` (an id of ``state_acc``)."""
         if self.eager:
             return tuple(self.acc_lex[self.acc_off[k]:self.acc_off[k + 1]].tolist())
         return self._acc_sets[k]
+
+    def accepted_id(self, acc: tuple[int, ...]) -> int:
+        """The id of the accepted set of lexemes ``acc`` (sorted, not empty), added if new (lock
+        held): for entries of the state cache made by other grammars (:mod:`.state_cache`)."""
+        if not self.eager:
+            return self._intern_acc(acc)
+        self._reserve(1, len(acc))
+        buf = self._abuf
+        buf[:len(acc)] = acc
+        return int(_intern_acc(buf, len(acc), self.acc_off, self.acc_lex, self._D))
 
     @property
     def resolve_budget(self) -> int:

@@ -171,6 +171,15 @@ def step_slow(b, s, h, cache_top, G, L, P, M):
     k = L.state_acc[s]
     if k < 0:
         return REJECT, s, h, cache_top
+    st, t, h2, cache_top = step_end(b, k, h, cache_top, G, L, P, M)
+    return st, (t if st == OK else s), h2, cache_top
+
+
+@njit(nogil=True, cache=True, inline="always")
+def step_end(b, k, h, cache_top, G, L, P, M):
+    """The byte ``b`` after a lexeme of the accepted set ``k`` ends (the lexer state it ended in
+    is dead on ``b``) over ``h`` rows: the parser's row for ``k``, then ``b`` from its start
+    state. Returns (status, state, height, cache_top); the state is -1 unless OK."""
     row_key = P.row_key
     row_ls = P.row_ls
     if h < cache_top and row_key[h] == k:
@@ -179,23 +188,23 @@ def step_slow(b, s, h, cache_top, G, L, P, M):
             s2 = resolve_row_start(h, G, L, P, M)
     else:
         if h + 2 > P.row_beg.shape[0]:
-            return GROW_ROWS, s, h, cache_top
+            return GROW_ROWS, -1, h, cache_top
         st = compute_row(h, k, G, L, P, M)
         if st != OK:
-            return st, s, h, h
+            return st, -1, h, h
         cache_top = h + 1
         s2 = row_ls[h]
     if s2 == -2 or s2 * 256 >= L.trans.shape[0]:
         # not registered yet, or registered by another thread after our arrays were taken
-        return MISSING, s, h, cache_top
+        return MISSING, -1, h, cache_top
     if s2 < 0:
-        return REJECT, s, h, cache_top
+        return REJECT, -1, h, cache_top
     t = L.trans[s2 * 256 + b]
     if t == -2:
         _record_state(M, s2)
-        return MISSING, s, h, cache_top
+        return MISSING, -1, h, cache_top
     if t == -1:
-        return REJECT, s, h, cache_top
+        return REJECT, -1, h, cache_top
     return OK, t, h + 1, cache_top
 
 
@@ -204,6 +213,12 @@ def _step_slow_call(b, s, h, cache_top, G, L, P, M):
     """:func:`step_slow` as a real call, for :func:`walk_trie`: inlined there, its body (four
     structures of arrays) made the walk's hot loop about 10% slower; the call is taken rarely."""
     return step_slow(b, s, h, cache_top, G, L, P, M)
+
+
+@njit(nogil=True, cache=True)
+def _step_end_call(b, k, h, cache_top, G, L, P, M):
+    """:func:`step_end` as a real call (as :func:`_step_slow_call`), for the state cache's groups."""
+    return step_end(b, k, h, cache_top, G, L, P, M)
 
 
 #: work items of :func:`_walk_dfs` (rows of 6 int64): a range of trie nodes ``[a, b)``, with the
@@ -225,7 +240,7 @@ NESTED_MIN_NODES = 24
 #: holds the tokens ``toks[e_tok_off[e]:e_tok_off[e + 1]]`` reached by lexer moves alone and the
 #: groups ``e_grp_off[e] .. e_grp_off[e + 1] - 1`` of lexeme ends (as :data:`StateCache`'s, with
 #: ``grp_node_off`` cutting ``nodes``)
-NestedStore = namedtuple("NestedStore", "keys vals e_tok_off toks e_grp_off grp_state grp_byte grp_node_off nodes")
+NestedStore = namedtuple("NestedStore", "keys vals e_tok_off toks e_grp_off grp_acc grp_byte grp_node_off nodes")
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -251,10 +266,10 @@ def _push(stack, sp, kind, a, b, c, d, e):
 
 
 @njit(nogil=True, cache=True)
-def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
+def _walk_dfs(stack, sp, Cga, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
     """The trie walk of a mask, as a depth-first loop over work items (``stack[:sp]``, see
     :data:`_RANGE`): node ranges walked node by node, and entries of the state cache (the root
-    entry's groups ``Cgs``/``Cgb``/``Cgo``/``Cn``, nested entries in ``S``) read group by group.
+    entry's groups ``Cga``/``Cgb``/``Cgo``/``Cn``, nested entries in ``S``) read group by group.
     Below a lexeme end whose subtree has a nested entry, the entry is read instead of the
     subtree; a walked subtree of :data:`NESTED_MIN_NODES` or more is asked for (``W.req``).
     Appends the tokens found to ``W.found``. Returns (status, number found): OK, MISSING when
@@ -282,7 +297,7 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
     s_tok_off = S.e_tok_off
     s_toks = S.toks
     s_grp_off = S.e_grp_off
-    s_gs = S.grp_state
+    s_ga = S.grp_acc
     s_gb = S.grp_byte
     s_go = S.grp_node_off
     s_n = S.nodes
@@ -308,22 +323,21 @@ def _walk_dfs(stack, sp, Cgs, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
             # (scalars read from the root's or the store's arrays: an array variable assigned
             # in the loop would count references at every item)
             root = e < 0
-            g_end = Cgs.shape[0] if root else s_grp_off[e + 1]
+            g_end = Cga.shape[0] if root else s_grp_off[e + 1]
             while g < g_end:
                 if j < 0:
                     # the byte after the lexeme: allowed by the row that scans it (groups are
                     # sorted by accepted set, so the row is built once per set and then read)
-                    s = Cgs[g] if root else s_gs[g]
+                    k = Cga[g] if root else s_ga[g]
                     b = Cgb[g] if root else s_gb[g]
                     t = -2
-                    k = state_acc[s]
                     if h < cache_top and row_key[h] == k:
                         s2 = row_ls[h]
                         if s2 >= 0 and s2 < n_states:
                             t = trans[s2 * 256 + b]
                     if t == -2:
                         m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
-                        st, t, _h, cache_top = _step_slow_call(b, s, h, cache_top, G, L, P, M)
+                        st, t, _h, cache_top = _step_end_call(b, k, h, cache_top, G, L, P, M)
                         if st != OK:
                             if st == MISSING:
                                 if inline_resolve(XE, M, m0, m1, m2):
@@ -534,9 +548,10 @@ def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, S, words, XE):
 
 #: what :func:`~.state_cache.build_entry` finds for a lexer state (see :mod:`.state_cache`): the tokens reached by
 #: lexer moves alone, as a list ``toks`` or as mask words ``tok_words`` (one of them empty), and
-#: the trie nodes where a lexeme ends, grouped: group ``g`` is the byte ``grp_byte[g]`` read in the
-#: accepting lexer state ``grp_state[g]`` at the nodes ``nodes[grp_off[g]:grp_off[g + 1]]``
-StateCache = namedtuple("StateCache", "tok_words toks grp_state grp_byte grp_off nodes")
+#: the trie nodes where a lexeme ends, grouped: group ``g`` is the byte ``grp_byte[g]`` read after
+#: a lexeme of the accepted set ``grp_acc[g]`` (an id of the lexer's ``state_acc``) ends, at the
+#: nodes ``nodes[grp_off[g]:grp_off[g + 1]]``
+StateCache = namedtuple("StateCache", "tok_words toks grp_acc grp_byte grp_off nodes")
 
 
 @njit(nogil=True, cache=True)
@@ -549,7 +564,7 @@ def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, XE):
     stack = W.stack
     sp = _push(stack, 0, _ENTRY, -1, 0, -1, h0, -2)
     W.req[0] = 0
-    st, nf = _walk_dfs(stack, sp, C.grp_state, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,
+    st, nf = _walk_dfs(stack, sp, C.grp_acc, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,
                        row_top(P, h0), XE)
     if st != OK:
         return st

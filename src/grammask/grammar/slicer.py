@@ -261,6 +261,7 @@ class SliceChecker:
             #: per slice, its expression, and a [slice, byte] table of the bytes its strings can
             #: begin with (a necessary condition of containment, below: all slices at once)
             self.exprs, self._first_table, (self._below, self._above) = cache[patterns]
+            self._first_ints = [int.from_bytes(row.tobytes(), "little") for row in self._first_table]
             #: member expressions (packed: :func:`.regexset.pack_ids`) -> combination of the
             #: flags, shared by the grammars of the ExprSet (bounded)
             self._shared = ex.__dict__.setdefault("_skip_flags", {}).setdefault(patterns, {})
@@ -298,42 +299,76 @@ class SliceChecker:
     def _prove(self, lexer, s: int, members) -> int:
         """The combination of :meth:`skip_flags` of state ``s`` (expanded; its ``members``),
         proved (bit ``k``: slice ``k`` is contained)."""
-        combo = 0
         # a slice whose strings may begin with a byte on which the state's row is dead
         # (no member lives after it) is not contained: no proof needed. Most states
         # outside strings end here (an expanded row is never written again: read unlocked).
         live = _live_slices(lexer.trans, s, self._first_table)
         todo = [k for k in range(len(self.exprs)) if live >> k & 1]
-        if todo:
-            with lexer.lock, lexer.counting():
-                # one time budget for all the slices of a state: a state whose first proof runs
-                # out of time rarely has cheap ones after it, and the mask waits for all of them
-                deadline = time.monotonic() + STATE_PROOF_SECONDS
-                ex = lexer.exprs
+        if not todo:
+            return 0
+        known = dict.fromkeys(todo)
+        with lexer.lock, lexer.counting():
+            # one time budget for all the slices of a state: a state whose first proof runs
+            # out of time rarely has cheap ones after it, and the mask waits for all of them
+            deadline = time.monotonic() + STATE_PROOF_SECONDS
+            ex = lexer.exprs
+            if len(members) > 1:
+                # a slice contained in one member's strings is contained in their union: each
+                # member's own combination first (shared by every state and grammar that has
+                # it). The states of an object's keys are a string's derivative beside literal
+                # keys, which differ from schema to schema: the string alone proves them.
+                for x in {x for _, x in members}:
+                    c = self._member_combo(ex, x, deadline)
+                    for k in todo:
+                        if c >> k & 1:
+                            known[k] = True
+            if None in known.values():
                 # the union of the state's expressions: the same for every slice
-                u = ex.alt(*[x for _, x in members])
-                # slices whose strings are all prefixes of another's strings (``{1,10}`` of
-                # ``{11,30}``'s) follow from it: a slice contained makes those below it
-                # contained, one not contained (or not proved) those above it not proved.
-                # So the lowest slice is proved first, then the highest above it, and so on.
-                known = dict.fromkeys(todo)
-                below, above = self._below, self._above
-                up = False
-                while True:
-                    left = [k for k, v in known.items() if v is None]
-                    if not left:
-                        break
-                    k = max(left, key=(lambda j: len(below[j])) if up else (lambda j: len(above[j])))
-                    rest = deadline - time.monotonic()
-                    up = rest > 0 and self._contained(ex, u, self.exprs[k], rest)
-                    known[k] = up
-                    for j in (below[k] if up else above[k]):
-                        if j in known and known[j] is None:
-                            known[j] = up
-                for k, v in known.items():
-                    if v:
-                        combo |= 1 << k
+                self._settle(ex, ex.alt(*[x for _, x in members]), known, deadline)
+        combo = 0
+        for k, v in known.items():
+            if v:
+                combo |= 1 << k
         return combo
+
+    def _member_combo(self, ex: ExprSet, x: int, deadline: float) -> int:
+        """The combination of the slices contained in expression ``x`` alone (as a state of that
+        one member would have it: the same shared table), proved if not known; not kept when the
+        state's budget ran out meanwhile (a proof cut short says "not contained")."""
+        key = pack_ids((x,))
+        c = self._shared.get(key)
+        if c is None:
+            first = ex.first_bytes(x)
+            known = {k: None for k, f in enumerate(self._first_ints) if f & ~first == 0}
+            self._settle(ex, x, known, deadline)
+            c = 0
+            for k, v in known.items():
+                if v:
+                    c |= 1 << k
+            if time.monotonic() < deadline:
+                put_bounded(self._shared, key, c, MAX_SHARED_FLAGS)
+        return c
+
+    def _settle(self, ex: ExprSet, u: int, known: dict, deadline: float) -> None:
+        """Decide the slices of ``known`` still None (True: contained in ``u``'s prefixes;
+        False: not, or not proved before ``deadline``)."""
+        # slices whose strings are all prefixes of another's strings (``{1,10}`` of
+        # ``{11,30}``'s) follow from it: a slice contained makes those below it
+        # contained, one not contained (or not proved) those above it not proved.
+        # So the lowest slice is proved first, then the highest above it, and so on.
+        below, above = self._below, self._above
+        up = False
+        while True:
+            left = [k for k, v in known.items() if v is None]
+            if not left:
+                return
+            k = max(left, key=(lambda j: len(below[j])) if up else (lambda j: len(above[j])))
+            rest = deadline - time.monotonic()
+            up = rest > 0 and self._contained(ex, u, self.exprs[k], rest)
+            known[k] = up
+            for j in (below[k] if up else above[k]):
+                if j in known and known[j] is None:
+                    known[j] = up
 
     @staticmethod
     def _contained(ex: ExprSet, u: int, e: int, max_seconds: float) -> bool:

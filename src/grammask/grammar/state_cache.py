@@ -49,6 +49,9 @@ BUILD_AFTER = 2
 MAX_CACHE_BYTES = 32 << 20
 #: per-state Python overhead counted with the arrays (the entry, its tuple and dict slot)
 ENTRY_BYTES = 400
+#: bytes of shared entries (see :class:`SharedEntries`) per ExprSet and tokenizer, past which no
+#: more are shared
+MAX_SHARED_BYTES = 64 << 20
 #: a subtree below a lexeme end is cached when a walk asks for it this many times
 NESTED_BUILD_AFTER = 2
 #: per nested entry: its key, offsets and the count of requests before it was built
@@ -97,13 +100,14 @@ def _scan(F, lo, hi, d0, s0, trans, state_acc, ls_st, toks, nodes, states, nt, n
 @njit(nogil=True, cache=True)
 def _groups(F, state_acc, nodes, states, nb):
     """The lexeme ends ``nodes[:nb]`` (accepting states ``states``) sorted by (accepted set,
-    state, byte), stably (the trie's order within a group), and cut into groups of equal state
-    and byte: (group states, group bytes, group offsets, nodes)."""
+    byte), stably (the trie's order within a group), and cut into groups of equal accepted set
+    and byte: (group accepted sets, group bytes, group offsets, nodes). Only the accepted set
+    matters at a lexeme end: the state is dead on the byte (so states that accept alike share
+    a group, and one parser step decides it)."""
     node_byte = F.node_byte
     key = np.empty(nb, np.int64)
     for j in range(nb):
-        s = states[j]
-        key[j] = (np.int64(state_acc[s]) << 40) | (np.int64(s) << 8) | np.int64(node_byte[nodes[j]])
+        key[j] = (np.int64(state_acc[states[j]]) << 8) | np.int64(node_byte[nodes[j]])
     order = np.argsort(key, kind="mergesort")
     out_nodes = np.empty(nb, np.int32)
     n_grp = 0
@@ -111,18 +115,18 @@ def _groups(F, state_acc, nodes, states, nb):
         out_nodes[j] = nodes[order[j]]
         if j == 0 or key[order[j]] != key[order[j - 1]]:
             n_grp += 1
-    grp_state = np.empty(n_grp, np.int32)
+    grp_acc = np.empty(n_grp, np.int32)
     grp_byte = np.empty(n_grp, np.int32)
     grp_off = np.empty(n_grp + 1, np.int64)
     g = -1
     for j in range(nb):
         if j == 0 or key[order[j]] != key[order[j - 1]]:
             g += 1
-            grp_state[g] = states[order[j]]
+            grp_acc[g] = state_acc[states[order[j]]]
             grp_byte[g] = node_byte[out_nodes[j]]
             grp_off[g] = j
     grp_off[n_grp] = nb
-    return grp_state, grp_byte, grp_off, out_nodes
+    return grp_acc, grp_byte, grp_off, out_nodes
 
 
 @njit(nogil=True, cache=True)
@@ -157,7 +161,7 @@ def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
     if st != OK:
         nb = 0
         nt = 0
-    grp_state, grp_byte, grp_off, out_nodes = _groups(F, state_acc, nodes, states, nb)
+    grp_acc, grp_byte, grp_off, out_nodes = _groups(F, state_acc, nodes, states, nb)
     if nt > n_words:
         tok_words = np.zeros(n_words, np.uint32)
         for j in range(nt):
@@ -167,7 +171,7 @@ def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
     else:
         tok_words = np.empty(0, np.uint32)
         tok_list = toks[:nt].copy()
-    return st, StateCache(tok_words, tok_list, grp_state, grp_byte, grp_off, out_nodes)
+    return st, StateCache(tok_words, tok_list, grp_acc, grp_byte, grp_off, out_nodes)
 
 
 @njit(nogil=True, cache=True)
@@ -180,8 +184,8 @@ def build_nested(F, t, i, trans, state_acc, ls_st, toks, nodes, states):
     if st != OK:
         nb = 0
         nt = 0
-    grp_state, grp_byte, grp_off, out_nodes = _groups(F, state_acc, nodes, states, nb)
-    return st, toks[:nt].copy(), grp_state, grp_byte, grp_off, out_nodes
+    grp_acc, grp_byte, grp_off, out_nodes = _groups(F, state_acc, nodes, states, nb)
+    return st, toks[:nt].copy(), grp_acc, grp_byte, grp_off, out_nodes
 
 
 @njit(nogil=True, cache=True)
@@ -205,11 +209,11 @@ def append_nested(S, n, t, i, toks, gs, gb, go, nodes):
     ng2 = ng + gs.shape[0]
     nn2 = nn + nodes.shape[0]
     if (2 * (ne + 1) > S.keys.shape[0] or ne + 2 > S.e_tok_off.shape[0] or ne + 2 > S.e_grp_off.shape[0]
-            or nt2 > S.toks.shape[0] or ng2 > S.grp_state.shape[0] or ng2 > S.grp_byte.shape[0]
+            or nt2 > S.toks.shape[0] or ng2 > S.grp_acc.shape[0] or ng2 > S.grp_byte.shape[0]
             or ng2 + 1 > S.grp_node_off.shape[0] or nn2 > S.nodes.shape[0]):
         return False
     S.toks[nt:nt2] = toks
-    S.grp_state[ng:ng2] = gs
+    S.grp_acc[ng:ng2] = gs
     S.grp_byte[ng:ng2] = gb
     S.grp_node_off[ng] = nn
     for j in range(1, go.shape[0]):
@@ -283,6 +287,107 @@ _build_entry = FastCall(build_entry)
 _take_requests = FastCall(take_requests)
 
 
+@njit(nogil=True, cache=True)
+def _members_by_expression(ms_off, ms_mem, g_expr, g_lex, s):
+    """The members of compiled lexer state ``s`` sorted by (expression, lexeme): (expressions,
+    lexemes), as :func:`_by_expression`'s."""
+    a = ms_off[s]
+    n = ms_off[s + 1] - a
+    key = np.empty(n, np.int64)
+    for j in range(n):
+        g = ms_mem[a + j]
+        key[j] = (np.int64(g_expr[g]) << 32) | np.int64(g_lex[g])
+    key.sort()
+    exprs = np.empty(n, np.int64)
+    lexemes = np.empty(n, np.int64)
+    for j in range(n):
+        exprs[j] = key[j] >> 32
+        lexemes[j] = key[j] & 0xFFFFFFFF
+    return exprs, lexemes
+
+
+@njit(nogil=True, cache=True)
+def _runs(acc):
+    """The runs of equal values of ``acc`` (the groups' accepted sets, sorted): (the value of
+    each run, the run of each element)."""
+    n = acc.shape[0]
+    run = np.empty(n, np.int32)
+    r = -1
+    for j in range(n):
+        if j == 0 or acc[j] != acc[j - 1]:
+            r += 1
+        run[j] = r
+    ids = np.empty(r + 1, np.int32)
+    for j in range(n):
+        ids[run[j]] = acc[j]
+    return ids, run
+
+
+_members_by_expr = FastCall(_members_by_expression)
+_acc_runs = FastCall(_runs)
+
+
+def _by_expression(lexer, s: int) -> tuple[bytes, list[int]]:
+    """State ``s``'s members sorted by (expression, lexeme): (the expressions as bytes, the
+    lexemes). Position ``j`` names the same member in every state with these expressions."""
+    if lexer.eager:
+        D, X = lexer._D, lexer._X
+        exprs, lexemes = _members_by_expr(D.ms_off, D.ms_mem, X.g_expr, X.g_lex, s)
+        return exprs.tobytes(), lexemes.tolist()
+    srt = sorted(lexer.state_members(s), key=lambda m: (m[1], m[0]))
+    return np.array([e for _, e in srt], np.int64).tobytes(), [lx for lx, _ in srt]
+
+
+class SharedEntries:
+    """State cache entries in a form that names no lexeme, shared by every grammar compiled into
+    one ExprSet for one tokenizer (:func:`shared_entries`).
+
+    An entry depends on the state's member expressions alone, but for its groups' accepted
+    sets: those name lexemes, and the same expressions are other lexemes in another grammar.
+    So each group keeps a *pattern*, the positions (in the member list sorted by expression,
+    :func:`_by_expression`) of the members that accept, which a grammar maps back to its own
+    lexemes (:meth:`StateMaskCache._adopt`). The key is the expressions (with repeats, in that
+    order) and the skip combination. Bounded by :data:`MAX_SHARED_BYTES`: past it, entries are
+    no longer added (those held stay valid: expressions are never reused)."""
+
+    def __init__(self, forest):
+        self.forest = forest
+        #: key -> (tok_words, toks, group patterns (indices into patterns), group bytes, group
+        #: offsets, nodes, patterns (tuples of member positions))
+        self.entries: dict = {}
+        self.nbytes = 0
+        self.lock = threading.Lock()
+
+    def publish(self, key, C, patterns_of) -> None:
+        """Add the entry ``C`` (a :data:`~.mask.StateCache` of the grammar that built it) under
+        ``key``; ``patterns_of(k)``: the pattern of its accepted set ``k``."""
+        if key in self.entries or self.nbytes >= MAX_SHARED_BYTES:
+            return
+        acc = C.grp_acc
+        if acc.shape[0]:
+            ids, pat = _acc_runs(acc)   # (groups are sorted by accepted set)
+            patterns = tuple([patterns_of(k) for k in ids.tolist()])
+        else:
+            patterns, pat = (), acc
+        with self.lock:
+            if key not in self.entries:
+                self.entries[key] = (C.tok_words, C.toks, pat, C.grp_byte, C.grp_off, C.nodes, patterns)
+                self.nbytes += (C.tok_words.nbytes + C.toks.nbytes + pat.nbytes + C.grp_byte.nbytes
+                                + C.grp_off.nbytes + C.nodes.nbytes + ENTRY_BYTES)
+
+
+def shared_entries(exprs, forest) -> SharedEntries:
+    """The :class:`SharedEntries` of ``exprs`` for the tokenizer of ``forest``."""
+    per = exprs.__dict__.setdefault("_state_entries", {})
+    se = per.get(id(forest))
+    if se is None:
+        with exprs.lock:
+            se = per.get(id(forest))
+            if se is None:   # (held strongly: the id is not reused while the entry lives)
+                se = per[id(forest)] = SharedEntries(forest)
+    return se
+
+
 class StateMaskCache:
     """The state cache of one lexer generation (see the module docstring). :meth:`entry` is
     called once per mask with the matcher's lexer state."""
@@ -314,6 +419,14 @@ class StateMaskCache:
         self._ask_n = np.zeros(1, np.int64)
         self._take_out = np.zeros(5, np.int64)
         self.n_nested = 0
+        #: entries shared with the other grammars of the ExprSet (see :class:`SharedEntries`)
+        self.shared = shared_entries(lexer.exprs, forest)
+        #: of ``n_cached``, the entries taken from ``shared``
+        self.n_adopted = 0
+        #: s -> (its key in ``shared``, its members' lexemes by position)
+        self._keys: dict[int, tuple] = {}
+        #: accepted sets (lexemes) -> id, as adopted entries ask for them
+        self._acc_memo: dict[tuple, int] = {}
 
     def entry(self, s: int) -> list:
         """``[skip flags, combination, visits, cache]`` of state ``s`` (the cache, when not None,
@@ -322,11 +435,14 @@ class StateMaskCache:
         if e is None:
             flags, combo = self.slicer.skip_flags(s)
             e = self._entries[s] = [flags, combo, 0, None]
+            if self.shared.entries and self.nbytes < self.max_bytes:
+                # another grammar's entry for these expressions: used from the first visit
+                e[3] = self._adopt(s, combo)
         if e[3] is None:
             v = e[2] = e[2] + 1
             # on the second visit, then (a scan that met unexpanded states) at visits 4, 8, ...
             if v >= BUILD_AFTER and v & (v - 1) == 0 and self.nbytes < self.max_bytes:
-                e[3] = self._build(s, e[0])
+                e[3] = self._build(s, e[0], e[1])
         return e
 
     def requested(self, req: np.ndarray) -> None:
@@ -397,7 +513,7 @@ class StateMaskCache:
             _rehash(S.keys, S.vals, keys, vals)
             new.update(keys=keys, vals=vals)
         for name, need, used in (("e_tok_off", ne + 2, ne + 1), ("e_grp_off", ne + 2, ne + 1),
-                                 ("toks", nt2, nt), ("grp_state", ng2, ng), ("grp_byte", ng2, ng),
+                                 ("toks", nt2, nt), ("grp_acc", ng2, ng), ("grp_byte", ng2, ng),
                                  ("grp_node_off", ng2 + 1, ng + 1), ("nodes", nn2, nn)):
             a = getattr(S, name)
             if need > a.shape[0]:
@@ -406,10 +522,53 @@ class StateMaskCache:
             new.update(keys=keys.copy(), vals=vals.copy())
         return S._replace(**new)
 
-    def _build(self, s: int, flags: np.ndarray):
+    def _key(self, lexer, s: int, combo: int):
+        """(the key of state ``s`` in :attr:`shared`, its members' lexemes by position)."""
+        k = self._keys.get(s)
+        if k is None:
+            exprs, lexemes = _by_expression(lexer, s)
+            k = self._keys[s] = ((exprs, combo), lexemes)
+        return k
+
+    def _adopt(self, s: int, combo: int):
+        """The shared entry of state ``s`` (skip combination ``combo``) made this grammar's: each
+        group's pattern mapped to the accepted set of the members at those positions here (the
+        arrays are shared as they are). None when there is none."""
         lexer = self._lexer()
         if lexer is None:
             return None
+        key, lexemes = self._key(lexer, s, combo)
+        sh = self.shared.entries.get(key)
+        if sh is None:
+            return None
+        tok_words, toks, pat, grp_byte, grp_off, nodes, patterns = sh
+        if patterns:
+            memo = self._acc_memo
+            ids = []
+            for p in patterns:
+                a = tuple(sorted([lexemes[j] for j in p]))
+                k = memo.get(a)
+                if k is None:
+                    with lexer.lock:
+                        k = memo[a] = lexer.accepted_id(a)
+                ids.append(k)
+            acc = np.array(ids, np.int32)[pat]
+        else:
+            acc = pat
+        with self._lock:
+            self.nbytes += acc.nbytes + ENTRY_BYTES
+            self.n_cached += 1
+            self.n_adopted += 1
+        return kstruct(StateCache(tok_words, toks, acc, grp_byte, grp_off, nodes))
+
+    def _build(self, s: int, flags: np.ndarray, combo: int):
+        lexer = self._lexer()
+        if lexer is None:
+            return None
+        if self.shared.entries:
+            C = self._adopt(s, combo)   # made by another grammar since the first visit
+            if C is not None:
+                return C
         L = lexer.tables
         F = self.forest.arrays
         with self._lock:
@@ -418,4 +577,7 @@ class StateMaskCache:
                 return None
             self.nbytes += sum(a.nbytes for a in C) + ENTRY_BYTES
             self.n_cached += 1
+        key, lexemes = self._key(lexer, s, combo)
+        pos = {lx: j for j, lx in enumerate(lexemes)}
+        self.shared.publish(key, C, lambda k: tuple(sorted([pos[lx] for lx in lexer.accepted_set(k)])))
         return kstruct(C)
