@@ -247,7 +247,7 @@ def test_a_read_only_walk_stops_at_the_first_missing_state(bl):
         m = GrammarMatcher(cg)
         lexer, mc = m._lexer, cg.mask_cache_of(m._lexer)
         s = lexer.walk_state(m._s, m._reach)
-        skip, _combo, _v, _cache = mc.entry(s)
+        skip, _combo, _v, _cache, _acc = mc.entry(s)
         words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
         M = m._M
         M.counts[:] = 0

@@ -266,10 +266,11 @@ def _push(stack, sp, kind, a, b, c, d, e):
 
 
 @njit(nogil=True, cache=True)
-def _walk_dfs(stack, sp, Cga, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
+def _walk_dfs(stack, sp, Cgp, Cacc, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
     """The trie walk of a mask, as a depth-first loop over work items (``stack[:sp]``, see
     :data:`_RANGE`): node ranges walked node by node, and entries of the state cache (the root
-    entry's groups ``Cga``/``Cgb``/``Cgo``/``Cn``, nested entries in ``S``) read group by group.
+    entry's groups ``Cgp``/``Cgb``/``Cgo``/``Cn`` with its accepted sets ``Cacc``, nested entries in
+    ``S``) read group by group.
     Below a lexeme end whose subtree has a nested entry, the entry is read instead of the
     subtree; a walked subtree of :data:`NESTED_MIN_NODES` or more is asked for (``W.req``).
     Appends the tokens found to ``W.found``. Returns (status, number found): OK, MISSING when
@@ -323,12 +324,12 @@ def _walk_dfs(stack, sp, Cga, Cgb, Cgo, Cn, F, G, L, P, M, W, S, cache_top, XE):
             # (scalars read from the root's or the store's arrays: an array variable assigned
             # in the loop would count references at every item)
             root = e < 0
-            g_end = Cga.shape[0] if root else s_grp_off[e + 1]
+            g_end = Cgp.shape[0] if root else s_grp_off[e + 1]
             while g < g_end:
                 if j < 0:
                     # the byte after the lexeme: allowed by the row that scans it (groups are
                     # sorted by accepted set, so the row is built once per set and then read)
-                    k = Cga[g] if root else s_ga[g]
+                    k = Cacc[Cgp[g]] if root else s_ga[g]
                     b = Cgb[g] if root else s_gb[g]
                     t = -2
                     if h < cache_top and row_key[h] == k:
@@ -480,7 +481,7 @@ def walk_trie(F, seg_skip, s0, h0, G, L, P, M, W, S, XE):
     W.req[0] = 0
     e32 = F.dup_first[:0]
     # no root entry: empty group arrays (views, nothing allocated)
-    return _walk_dfs(stack, sp, e32, e32, W.req[:0], e32, F, G, L, P, M, W, S,
+    return _walk_dfs(stack, sp, e32, e32, e32, W.req[:0], e32, F, G, L, P, M, W, S,
                      row_top(P, h0), XE)
 
 
@@ -549,22 +550,23 @@ def fill_mask(F, seg_skip, s0, h0, lex_len, G, L, P, M, W, S, words, XE):
 #: what :func:`~.state_cache.build_entry` finds for a lexer state (see :mod:`.state_cache`): the tokens reached by
 #: lexer moves alone, as a list ``toks`` or as mask words ``tok_words`` (one of them empty), and
 #: the trie nodes where a lexeme ends, grouped: group ``g`` is the byte ``grp_byte[g]`` read after
-#: a lexeme of the accepted set ``grp_acc[g]`` (an id of the lexer's ``state_acc``) ends, at the
-#: nodes ``nodes[grp_off[g]:grp_off[g + 1]]``
-StateCache = namedtuple("StateCache", "tok_words toks grp_acc grp_byte grp_off nodes")
+#: a lexeme of accepted set ``grp_pat[g]`` ends, at the nodes ``nodes[grp_off[g]:grp_off[g + 1]]``.
+#: The groups' sets are numbered in the entry (``0 ..``, in order): a grammar reads it with its own
+#: array of their ids in ``state_acc`` (entries are shared by grammars: :class:`~.state_cache.SharedEntries`)
+StateCache = namedtuple("StateCache", "tok_words toks grp_pat grp_byte grp_off nodes")
 
 
 @njit(nogil=True, cache=True)
-def fill_mask_cached(F, combo, C, s0, h0, lex_len, G, L, P, M, W, S, words, XE):
+def fill_mask_cached(F, combo, C, acc, s0, h0, lex_len, G, L, P, M, W, S, words, XE):
     """:func:`fill_mask` from a state's cache ``C`` (:data:`StateCache`, built by
-    :func:`~.state_cache.build_entry` for ``s0`` with the same slices skipped, ``combo``): the
-    cached tokens as they are, one parser step per group of lexeme ends, and below the groups the
-    parser allows, nested entries or the subtrees walked as the full walk would. The same row as
-    :func:`fill_mask`."""
+    :func:`~.state_cache.build_entry` for ``s0`` with the same slices skipped, ``combo``; ``acc``:
+    the ids of its accepted sets in this lexer): the cached tokens as they are, one parser step
+    per group of lexeme ends, and below the groups the parser allows, nested entries or the
+    subtrees walked as the full walk would. The same row as :func:`fill_mask`."""
     stack = W.stack
     sp = _push(stack, 0, _ENTRY, -1, 0, -1, h0, -2)
     W.req[0] = 0
-    st, nf = _walk_dfs(stack, sp, C.grp_acc, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,
+    st, nf = _walk_dfs(stack, sp, C.grp_pat, acc, C.grp_byte, C.grp_off, C.nodes, F, G, L, P, M, W, S,
                        row_top(P, h0), XE)
     if st != OK:
         return st

@@ -289,13 +289,13 @@ class GrammarMatcher:
         if s is None:
             s = lexer.walk_state(self._s, self._reach)
         mc = lexer.__dict__.get("mask_cache") or comp.mask_cache_of(lexer)
-        skip, combo, _visits, cache = mc.entry(s)
+        skip, combo, _visits, cache, acc = mc.entry(s)
         w = self._walk
         if words.shape[0] != n_words:
             words = words[:n_words]
         F = comp.forest.arrays
         if cache is not None:
-            fn, fx, head = _fill_mask_cached, _fill_mask_cached_x, (F, combo, cache, s, self._h, self._lex_len)
+            fn, fx, head = _fill_mask_cached, _fill_mask_cached_x, (F, combo, cache, acc, s, self._h, self._lex_len)
         else:
             fn, fx, head = _fill_mask, _fill_mask_x, (F, skip, s, self._h, self._lex_len)
         stack, M, tail = self._stack, self._M, (w, mc.store, words, None)

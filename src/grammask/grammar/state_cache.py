@@ -130,12 +130,29 @@ def _groups(F, state_acc, nodes, states, nb):
 
 
 @njit(nogil=True, cache=True)
+def _runs(acc):
+    """The runs of equal values of ``acc`` (the groups' accepted sets, sorted): (the value of
+    each run, the run of each element)."""
+    n = acc.shape[0]
+    run = np.empty(n, np.int32)
+    r = -1
+    for j in range(n):
+        if j == 0 or acc[j] != acc[j - 1]:
+            r += 1
+        run[j] = r
+    ids = np.empty(r + 1, np.int32)
+    for j in range(n):
+        ids[run[j]] = acc[j]
+    return ids, run
+
+
+@njit(nogil=True, cache=True)
 def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
     """The :data:`~.mask.StateCache` of lexer state ``s0``: the whole trie but the skipped
     slices (``toks``, ``nodes``, ``states``, ``ls_st``: scratch, one slot per trie token, node,
-    node and depth). Returns (status, cache): OK, or MISSING when a state met is not expanded
-    yet (the cache is then empty and unused). The tokens are kept as a list, or as mask words
-    when there are more of them than words."""
+    node and depth). Returns (status, cache, the ids of its accepted sets in ``state_acc``): OK,
+    or MISSING when a state met is not expanded yet (the cache is then empty and unused). The
+    tokens are kept as a list, or as mask words when there are more of them than words."""
     n_words = F.combo_words.shape[1]
     seg_start = F.seg_start
     seg_end = F.seg_end
@@ -162,6 +179,7 @@ def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
         nb = 0
         nt = 0
     grp_acc, grp_byte, grp_off, out_nodes = _groups(F, state_acc, nodes, states, nb)
+    acc, grp_pat = _runs(grp_acc)   # (groups are sorted by accepted set)
     if nt > n_words:
         tok_words = np.zeros(n_words, np.uint32)
         for j in range(nt):
@@ -171,7 +189,7 @@ def build_entry(F, seg_skip, s0, trans, state_acc, ls_st, toks, nodes, states):
     else:
         tok_words = np.empty(0, np.uint32)
         tok_list = toks[:nt].copy()
-    return st, StateCache(tok_words, tok_list, grp_acc, grp_byte, grp_off, out_nodes)
+    return st, StateCache(tok_words, tok_list, grp_pat, grp_byte, grp_off, out_nodes), acc
 
 
 @njit(nogil=True, cache=True)
@@ -306,25 +324,7 @@ def _members_by_expression(ms_off, ms_mem, g_expr, g_lex, s):
     return exprs, lexemes
 
 
-@njit(nogil=True, cache=True)
-def _runs(acc):
-    """The runs of equal values of ``acc`` (the groups' accepted sets, sorted): (the value of
-    each run, the run of each element)."""
-    n = acc.shape[0]
-    run = np.empty(n, np.int32)
-    r = -1
-    for j in range(n):
-        if j == 0 or acc[j] != acc[j - 1]:
-            r += 1
-        run[j] = r
-    ids = np.empty(r + 1, np.int32)
-    for j in range(n):
-        ids[run[j]] = acc[j]
-    return ids, run
-
-
 _members_by_expr = FastCall(_members_by_expression)
-_acc_runs = FastCall(_runs)
 
 
 def _by_expression(lexer, s: int) -> tuple[bytes, list[int]]:
@@ -352,28 +352,20 @@ class SharedEntries:
 
     def __init__(self, forest):
         self.forest = forest
-        #: key -> (tok_words, toks, group patterns (indices into patterns), group bytes, group
-        #: offsets, nodes, patterns (tuples of member positions))
+        #: key -> (the entry's kernel record (:data:`~.mask.StateCache`), the pattern of each of
+        #: its accepted sets (a tuple of member positions))
         self.entries: dict = {}
         self.nbytes = 0
         self.lock = threading.Lock()
 
-    def publish(self, key, C, patterns_of) -> None:
-        """Add the entry ``C`` (a :data:`~.mask.StateCache` of the grammar that built it) under
-        ``key``; ``patterns_of(k)``: the pattern of its accepted set ``k``."""
-        if key in self.entries or self.nbytes >= MAX_SHARED_BYTES:
-            return
-        acc = C.grp_acc
-        if acc.shape[0]:
-            ids, pat = _acc_runs(acc)   # (groups are sorted by accepted set)
-            patterns = tuple([patterns_of(k) for k in ids.tolist()])
-        else:
-            patterns, pat = (), acc
-        with self.lock:
-            if key not in self.entries:
-                self.entries[key] = (C.tok_words, C.toks, pat, C.grp_byte, C.grp_off, C.nodes, patterns)
-                self.nbytes += (C.tok_words.nbytes + C.toks.nbytes + pat.nbytes + C.grp_byte.nbytes
-                                + C.grp_off.nbytes + C.nodes.nbytes + ENTRY_BYTES)
+    def publish(self, key, C, patterns: tuple, nbytes: int) -> None:
+        """Add entry ``C`` (a kernel record, ``nbytes`` of arrays) with its ``patterns`` under
+        ``key``, unless there or past the bound."""
+        if self.nbytes < MAX_SHARED_BYTES:
+            with self.lock:
+                if key not in self.entries:
+                    self.entries[key] = (C, patterns)
+                    self.nbytes += nbytes + ENTRY_BYTES
 
 
 def shared_entries(exprs, forest) -> SharedEntries:
@@ -398,7 +390,8 @@ class StateMaskCache:
         self.slicer = slicer
         self.forest = forest
         self.max_bytes = max_bytes
-        #: s -> [skip flags, their combination, visits, StateCache or None]
+        #: s -> [skip flags, their combination, visits, StateCache record or None, the ids of
+        #: its accepted sets in this lexer]
         self._entries: dict[int, list] = {}
         self.nbytes = 0
         self.n_cached = 0
@@ -429,20 +422,21 @@ class StateMaskCache:
         self._acc_memo: dict[tuple, int] = {}
 
     def entry(self, s: int) -> list:
-        """``[skip flags, combination, visits, cache]`` of state ``s`` (the cache, when not None,
-        is a :data:`~.mask.StateCache` for :func:`~.mask.fill_mask_cached`)."""
+        """``[skip flags, combination, visits, cache, accepted sets]`` of state ``s`` (the cache,
+        when not None, is a :data:`~.mask.StateCache` for :func:`~.mask.fill_mask_cached`, with
+        the ids of its accepted sets)."""
         e = self._entries.get(s)
         if e is None:
             flags, combo = self.slicer.skip_flags(s)
-            e = self._entries[s] = [flags, combo, 0, None]
+            e = self._entries[s] = [flags, combo, 0, None, None]
             if self.shared.entries and self.nbytes < self.max_bytes:
                 # another grammar's entry for these expressions: used from the first visit
-                e[3] = self._adopt(s, combo)
+                e[3], e[4] = self._adopt(s, combo)
         if e[3] is None:
             v = e[2] = e[2] + 1
             # on the second visit, then (a scan that met unexpanded states) at visits 4, 8, ...
             if v >= BUILD_AFTER and v & (v - 1) == 0 and self.nbytes < self.max_bytes:
-                e[3] = self._build(s, e[0], e[1])
+                e[3], e[4] = self._build(s, e[0], e[1])
         return e
 
     def requested(self, req: np.ndarray) -> None:
@@ -531,53 +525,56 @@ class StateMaskCache:
         return k
 
     def _adopt(self, s: int, combo: int):
-        """The shared entry of state ``s`` (skip combination ``combo``) made this grammar's: each
-        group's pattern mapped to the accepted set of the members at those positions here (the
-        arrays are shared as they are). None when there is none."""
+        """The shared entry of state ``s`` (skip combination ``combo``) made this grammar's:
+        (its record, the ids here of its accepted sets: each pattern's members at those positions
+        here), or (None, None) when there is none."""
         lexer = self._lexer()
         if lexer is None:
-            return None
+            return None, None
         key, lexemes = self._key(lexer, s, combo)
         sh = self.shared.entries.get(key)
         if sh is None:
-            return None
-        tok_words, toks, pat, grp_byte, grp_off, nodes, patterns = sh
-        if patterns:
-            memo = self._acc_memo
-            ids = []
-            for p in patterns:
-                a = tuple(sorted([lexemes[j] for j in p]))
-                k = memo.get(a)
-                if k is None:
-                    with lexer.lock:
-                        k = memo[a] = lexer.accepted_id(a)
-                ids.append(k)
-            acc = np.array(ids, np.int32)[pat]
-        else:
-            acc = pat
+            return None, None
+        C, patterns = sh
+        memo = self._acc_memo
+        ids = []
+        for p in patterns:
+            a = tuple(sorted([lexemes[j] for j in p]))
+            k = memo.get(a)
+            if k is None:
+                with lexer.lock:
+                    k = memo[a] = lexer.accepted_id(a)
+            ids.append(k)
+        acc = np.array(ids, np.int32)
         with self._lock:
             self.nbytes += acc.nbytes + ENTRY_BYTES
             self.n_cached += 1
             self.n_adopted += 1
-        return kstruct(StateCache(tok_words, toks, acc, grp_byte, grp_off, nodes))
+        return C, acc
 
     def _build(self, s: int, flags: np.ndarray, combo: int):
+        """(the entry of state ``s`` (skip ``flags``, their ``combo``), the ids of its accepted
+        sets), another grammar's if made since the first visit, else built here and shared; (None,
+        None) when its scan met states not built yet."""
         lexer = self._lexer()
         if lexer is None:
-            return None
+            return None, None
         if self.shared.entries:
-            C = self._adopt(s, combo)   # made by another grammar since the first visit
+            C, acc = self._adopt(s, combo)   # made by another grammar since the first visit
             if C is not None:
-                return C
+                return C, acc
         L = lexer.tables
         F = self.forest.arrays
         with self._lock:
-            st, C = _build_entry(F, flags, s, L.trans, L.state_acc, *self._scratch_arrays(F))
+            st, C, acc = _build_entry(F, flags, s, L.trans, L.state_acc, *self._scratch_arrays(F))
             if st != OK:
-                return None
-            self.nbytes += sum(a.nbytes for a in C) + ENTRY_BYTES
+                return None, None
+            nbytes = sum(a.nbytes for a in C)
+            self.nbytes += nbytes + acc.nbytes + ENTRY_BYTES
             self.n_cached += 1
+        C = kstruct(C)
         key, lexemes = self._key(lexer, s, combo)
         pos = {lx: j for j, lx in enumerate(lexemes)}
-        self.shared.publish(key, C, lambda k: tuple(sorted([pos[lx] for lx in lexer.accepted_set(k)])))
-        return kstruct(C)
+        self.shared.publish(key, C, tuple([tuple(sorted([pos[lx] for lx in lexer.accepted_set(k)]))
+                                           for k in acc.tolist()]), nbytes)
+        return C, acc
