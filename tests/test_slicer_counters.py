@@ -297,3 +297,26 @@ def test_a_member_that_contains_a_slice_decides_it_for_the_state(llama3, monkeyp
     for s in states:
         assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
     assert any(got[s][1] for s in multi), "no state of several members had a contained slice"
+
+
+def test_first_bytes_over_covers_the_first_bytes():
+    """``first_bytes_over`` (from the structure: any byte under a complement, the common bytes of
+    an intersection's parts) holds every byte that can begin a string, on every derivative of
+    the patterns above by a few bytes, and is exact where no intersection or complement is."""
+    ex = ExprSet()
+    seen = 0
+    for p, e in _exprs(ex):
+        todo = [e]
+        for depth in range(3):
+            nxt = []
+            for x in todo:
+                got, want = slicer.first_bytes_over(ex, x), ex.first_bytes(x)
+                assert got & want == want, (p, depth)
+                if not ex.has_bool(x) and ex.alive(x):
+                    assert got == want, (p, depth)
+                seen += 1
+                nxt += [ex.deriv(x, b) for b in ALPHABET[p]]
+            todo = nxt
+    assert seen > 100
+    both = ex.intersect(parse_regex("[ab]{0,9}", ex), parse_regex("[bc]{1,9}", ex))
+    assert slicer.first_bytes_over(ex, both) == ex.first_bytes(both) == 1 << ord("b")

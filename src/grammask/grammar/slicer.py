@@ -338,7 +338,7 @@ class SliceChecker:
         key = pack_ids((x,))
         c = self._shared.get(key)
         if c is None:
-            first = ex.first_bytes(x)
+            first = first_bytes_over(ex, x)
             known = {k: None for k, f in enumerate(self._first_ints) if f & ~first == 0}
             self._settle(ex, x, known, deadline)
             c = 0
@@ -468,6 +468,50 @@ def max_length(ex: ExprSet, e: int) -> int:
             else:  # AND: the shortest bounded part bounds it
                 b = [y for y in vals if y != INF]
                 v = min(b) if b else INF
+        memo[x] = v
+    return memo[e]
+
+
+ALL_BYTES = (1 << 256) - 1
+
+
+def first_bytes_over(ex: ExprSet, e: int) -> int:
+    """A mask of the bytes that can begin a string of ``e``, over-estimated through complements
+    (any byte) and intersections (those of every part), from the structure alone: no derivative
+    (:meth:`.ExprSet.first_bytes` takes them all, and decides which are alive). Memoised in the
+    ExprSet."""
+    memo = ex.__dict__.setdefault("_first_over", {})
+    r = memo.get(e)
+    if r is not None:
+        return r
+    order = _post_order(ex, e, memo, skip_not=True)
+    if order is None:
+        return ALL_BYTES
+    nullable = ex.nullable
+    for x in order:
+        k = ex.kind[x]
+        if k == BYTES:
+            v = ex.args[x][0]
+        elif k == NOT:
+            v = ALL_BYTES
+        elif k == REPEAT:
+            v = memo[ex.args[x][0]]
+        elif k == CONCAT:
+            v = 0
+            for y in ex.args[x]:
+                v |= memo[y]
+                if not nullable(y):
+                    break
+        elif k == OR:
+            v = 0
+            for y in ex.args[x]:
+                v |= memo[y]
+        elif k == AND:
+            v = ALL_BYTES
+            for y in ex.args[x]:
+                v &= memo[y]
+        else:   # EMPTY, EPS
+            v = 0
         memo[x] = v
     return memo[e]
 
