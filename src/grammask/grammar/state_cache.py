@@ -9,7 +9,7 @@ the answer depend on the parse stack. So, for a state met again, :func:`build_en
 trie once with lexer moves alone and keeps
 
 - the tokens reached by lexer moves alone (a list, or mask words when there are many),
-- the nodes where a lexeme ends, grouped by (accepting state, byte): one parser step decides a
+- the nodes where a lexeme ends, grouped by (accepted set, byte): one parser step decides a
   whole group, and a group's subtrees are walked (as the full walk would) only when it is allowed.
 
 :func:`~.mask.fill_mask_cached` then gives the same row as the full walk, with dead subtrees and
@@ -29,6 +29,10 @@ Lexer states only ever grow transitions, so an entry stays valid for the lexer g
 built in; the cache belongs to that generation (``lexer.mask_cache``) and goes with it. Its
 arrays are bounded per generation by :data:`MAX_CACHE_BYTES` (past it, further states are not
 cached) and counted by the grammar's :meth:`~.compiled.CompiledGrammar.held_bytes`.
+
+Entries are shared by the grammars of an ExprSet (:class:`SharedEntries`): a state whose member
+expressions another grammar cached takes that entry at its first visit, mapping its groups'
+accepted sets to its own lexemes.
 """
 from __future__ import annotations
 
