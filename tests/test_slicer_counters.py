@@ -161,6 +161,20 @@ def _states_of(info, schema, doc):
     return cg, m._lexer, states
 
 
+def _same_flags(fast, slow, states, counter: list[int], spared: str) -> dict:
+    """The flags of checker ``fast`` on ``states`` (returned), asserted equal to ``slow``'s, and
+    fewer of what ``counter`` counts (proofs) run by ``fast`` (the message ``spared`` if not)."""
+    counter[0] = 0
+    got = {s: fast.skip_flags(s) for s in states}
+    n_fast = counter[0]
+    counter[0] = 0
+    want = {s: slow.skip_flags(s) for s in states}
+    assert counter[0] > n_fast, spared
+    for s in states:
+        assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
+    return got
+
+
 def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_proofs(llama3, monkeypatch):
     """``SliceChecker.skip_flags`` answers "not contained" without a proof for a slice that may
     begin with a byte on which the state's row is dead. The flags must be the proofs' own, on
@@ -182,15 +196,8 @@ def test_a_dead_first_byte_decides_a_slice_without_a_proof_and_agrees_with_the_p
     fresh = [s for s in range(lexer.n_states) if not lexer.expanded[s]][:20]
     assert fresh
     states += fresh
-    proofs[0] = 0
-    got = {s: fast.skip_flags(s) for s in states}
-    fast_proofs = proofs[0]
+    got = _same_flags(fast, slow, states, proofs, "no proof was spared")
     assert all(lexer.expanded[s] for s in fresh)
-    proofs[0] = 0
-    want = {s: slow.skip_flags(s) for s in states}
-    assert proofs[0] > fast_proofs, "no proof was spared"
-    for s in states:
-        assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
     assert any(got[s][1] for s in states), "no state had a contained slice"
 
 
@@ -247,14 +254,7 @@ def test_slices_ordered_by_prefix_follow_from_one_proof_and_agree_with_proving_e
     each = slicer.SliceChecker(lexer)   # no order: every slice proved
     each._below = each._above = [[] for _ in each.exprs]
     each._shared = {}
-    proofs[0] = 0
-    got = {s: ordered.skip_flags(s) for s in states}
-    n_ordered = proofs[0]
-    proofs[0] = 0
-    want = {s: each.skip_flags(s) for s in states}
-    assert proofs[0] > n_ordered, "no proof was spared"
-    for s in states:
-        assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
+    got = _same_flags(ordered, each, states, proofs, "no proof was spared")
     combos = {got[s][1] for s in states}
     assert len(combos - {0}) >= 2, combos   # states with different slices contained
 
@@ -288,14 +288,7 @@ def test_a_member_that_contains_a_slice_decides_it_for_the_state(llama3, monkeyp
     monkeypatch.setattr(union, "_member_combo", lambda ex, x, deadline: 0)   # the union only
     for ch in (fast, union):
         ch._member_exprs = {x for s in states for _, x in lexer.state_members(s)}
-    unions[0] = 0
-    got = {s: fast.skip_flags(s) for s in states}
-    n_fast = unions[0]
-    unions[0] = 0
-    want = {s: union.skip_flags(s) for s in states}
-    assert unions[0] > n_fast, "no proof over a union was spared"
-    for s in states:
-        assert np.array_equal(got[s][0], want[s][0]) and got[s][1] == want[s][1], s
+    got = _same_flags(fast, union, states, unions, "no proof over a union was spared")
     assert any(got[s][1] for s in multi), "no state of several members had a contained slice"
 
 

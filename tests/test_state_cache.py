@@ -84,6 +84,20 @@ def _mask(m: GrammarMatcher) -> np.ndarray:
     return m.get_next_token_bitmask().copy()
 
 
+def _detour(info, r, a, b, ma, p: float) -> None:
+    """Now and then (probability ``p``) a random token of mask ``ma`` instead of the document's,
+    on both matchers, their next masks compared, then taken back."""
+    if r.random() < p:
+        allowed = np.flatnonzero(np.unpackbits(ma.view(np.uint8), bitorder="little")[: info.vocab_size])
+        allowed = [x for x in allowed.tolist() if x not in info.stop_token_ids]
+        if allowed:
+            x = r.choice(allowed)
+            assert a.accept_token(x) and b.accept_token(x)
+            assert np.array_equal(_mask(a), _mask(b))
+            a.rollback(1)
+            b.rollback(1)
+
+
 @pytest.mark.parametrize("k", range(len(SCHEMAS)))
 def test_cached_equals_full_walk_llama3(llama3, cache_every_state, k):
     info, tk = llama3
@@ -100,16 +114,7 @@ def test_cached_equals_full_walk_llama3(llama3, cache_every_state, k):
                 ma, mb = _mask(a), _mask(b)
                 assert np.array_equal(ma, mb), f"schema {k} step {step} before {tk.decode([t])!r} of {text!r}"
                 n += 1
-                # now and then a random allowed token instead, then back on the document
-                if r.random() < 0.2:
-                    allowed = np.flatnonzero(np.unpackbits(ma.view(np.uint8), bitorder="little")[: info.vocab_size])
-                    allowed = [x for x in allowed.tolist() if x not in info.stop_token_ids]
-                    if allowed:
-                        x = r.choice(allowed)
-                        assert a.accept_token(x) and b.accept_token(x)
-                        assert np.array_equal(_mask(a), _mask(b))
-                        a.rollback(1)
-                        b.rollback(1)
+                _detour(info, r, a, b, ma, 0.2)
                 assert a.accept_token(t) and b.accept_token(t), (k, step)
             assert np.array_equal(_mask(a), _mask(b))
     assert n > 50
@@ -348,15 +353,7 @@ def _walk_pair(info, tk, a_cg, b_cg, texts, seed):
         for t in tk.encode(text, add_special_tokens=False).ids:
             ma, mb = _mask(a), _mask(b)
             assert np.array_equal(ma, mb), f"before {tk.decode([t])!r} of {text!r}"
-            if r.random() < 0.3:
-                allowed = np.flatnonzero(np.unpackbits(ma.view(np.uint8), bitorder="little")[: info.vocab_size])
-                allowed = [x for x in allowed.tolist() if x not in info.stop_token_ids]
-                if allowed:
-                    x = r.choice(allowed)
-                    assert a.accept_token(x) and b.accept_token(x)
-                    assert np.array_equal(_mask(a), _mask(b))
-                    a.rollback(1)
-                    b.rollback(1)
+            _detour(info, r, a, b, ma, 0.3)
             assert a.accept_token(t) and b.accept_token(t)
         assert np.array_equal(_mask(a), _mask(b)) and a.can_terminate() and b.can_terminate()
 
