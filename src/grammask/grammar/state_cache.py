@@ -435,12 +435,12 @@ class StateMaskCache:
             e = self._entries[s] = [flags, combo, 0, None, None]
             if self.shared.entries and self.nbytes < self.max_bytes:
                 # another grammar's entry for these expressions: used from the first visit
-                e[3], e[4] = self._adopt(s, combo)
+                e[3:5] = self._adopt(s, combo)   # one store: a reader on another thread sees both or neither
         if e[3] is None:
             v = e[2] = e[2] + 1
             # on the second visit, then (a scan that met unexpanded states) at visits 4, 8, ...
             if v >= BUILD_AFTER and v & (v - 1) == 0 and self.nbytes < self.max_bytes:
-                e[3], e[4] = self._build(s, e[0], e[1])
+                e[3:5] = self._build(s, e[0], e[1])
         return e
 
     def requested(self, req: np.ndarray) -> None:
