@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from .kstruct import kstruct
-from .lexer import DEAD
+from .lexer import ALL_BYTES, DEAD
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, pack_ids, put_bounded
@@ -261,7 +261,7 @@ class SliceChecker:
             #: per slice, its expression, and a [slice, byte] table of the bytes its strings can
             #: begin with (a necessary condition of containment, below: all slices at once)
             self.exprs, self._first_table, (self._below, self._above) = cache[patterns]
-            self._first_ints = [int.from_bytes(row.tobytes(), "little") for row in self._first_table]
+            self._first_ints = [ex.first_bytes(e) for e in self.exprs]
             #: member expressions (packed: :func:`.regexset.pack_ids`) -> combination of the
             #: flags, shared by the grammars of the ExprSet (bounded)
             self._shared = ex.__dict__.setdefault("_skip_flags", {}).setdefault(patterns, {})
@@ -322,14 +322,12 @@ class SliceChecker:
                     for k in todo:
                         if c >> k & 1:
                             known[k] = True
+                    if None not in known.values():
+                        break
             if None in known.values():
                 # the union of the state's expressions: the same for every slice
                 self._settle(ex, ex.alt(*[x for _, x in members]), known, deadline)
-        combo = 0
-        for k, v in known.items():
-            if v:
-                combo |= 1 << k
-        return combo
+        return _combination(known)
 
     def _member_combo(self, ex: ExprSet, x: int, deadline: float) -> int:
         """The combination of the slices contained in expression ``x`` alone (as a state of that
@@ -341,10 +339,7 @@ class SliceChecker:
             first = first_bytes_over(ex, x)
             known = {k: None for k, f in enumerate(self._first_ints) if f & ~first == 0}
             self._settle(ex, x, known, deadline)
-            c = 0
-            for k, v in known.items():
-                if v:
-                    c |= 1 << k
+            c = _combination(known)
             if time.monotonic() < deadline:
                 put_bounded(self._shared, key, c, MAX_SHARED_FLAGS)
         return c
@@ -380,6 +375,15 @@ class SliceChecker:
         if n != INF:
             u = capped(ex, u, n)
         return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds)
+
+
+def _combination(known: dict) -> int:
+    """The combination (bit ``k``) of the slices ``k`` that ``known`` says are contained."""
+    c = 0
+    for k, v in known.items():
+        if v:
+            c |= 1 << k
+    return c
 
 
 def _prefix_order(ex: ExprSet, exprs: list[int]) -> tuple[list[list[int]], list[list[int]]]:
@@ -470,9 +474,6 @@ def max_length(ex: ExprSet, e: int) -> int:
                 v = min(b) if b else INF
         memo[x] = v
     return memo[e]
-
-
-ALL_BYTES = (1 << 256) - 1
 
 
 def first_bytes_over(ex: ExprSet, e: int) -> int:
