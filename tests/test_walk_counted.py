@@ -297,3 +297,47 @@ def test_walk_states_said_by_the_verdicts_are_the_capped_ones(llama3, monkeypatc
                 own += 1
             assert m.accept_token(t)
     assert own >= 10 and sum(said) == own, said
+
+
+def test_verdicts_derived_from_parts_in_a_first_grammar_llama3(llama3, monkeypatch):
+    """New derivatives of counted patterns (``[a-z]{2,5}``, ``[0-9]{1,4}`` after a few bytes) are
+    new expressions, with no verdict yet; the compiled pass derives theirs from their parts (a
+    repetition left as it is when its count is within what one token can begin) in the first
+    grammar, without capping in Python. Every answer is the state of the capped members, and
+    the masks are those walked from the exact states."""
+    import grammask.grammar.lexer as lexer_mod
+    import grammask.grammar.slicer as slicer_mod
+
+    info, tk = llama3
+    schema = {"type": "object", "properties": {
+        "id": {"type": "string", "pattern": "^[a-z]{2,5}-[0-9]{1,4}(?:\\.[a-z]{1,3}){0,2}$"},
+        "code": {"type": "string", "pattern": "^[A-Z]{3}[0-9]{2,6}$"},
+        "n": {"type": "string", "maxLength": 40}},
+        "required": ["id", "code", "n"], "additionalProperties": False}
+    docs = [{"id": "ab-12.x.yz", "code": "ABC12345", "n": "hello there"},
+            {"id": "wxyz-9", "code": "QRS77", "n": "x" * 30},
+            {"id": "qq-4321.abc", "code": "LMN123456", "n": ""}]
+    capping = []
+    real_capped = slicer_mod.capped
+    monkeypatch.setattr(slicer_mod, "capped", lambda *a, **k: capping.append(1) or real_capped(*a, **k))
+    g = GrammarCompiler(info, cache_size=0).compile_json_schema(schema)
+    lx, ex = g.lexer, g.lexer.exprs
+    derived = 0
+    for doc in docs:
+        m = GrammarMatcher(g)
+        for t in tk.encode(json.dumps(doc), add_special_tokens=False).ids:
+            s = m._s
+            if s not in lx._twins:
+                verdict = ex.__dict__.get("_cap_verdicts", {}).get((m._reach.key, True))
+                ctr = ex.counter_flags()
+                unknown = verdict is not None and any(
+                    ctr[e] and (e >= verdict.shape[0] or verdict[e] != lexer_mod.CAP_SAME)
+                    for _, e in lx.state_members(s))
+                n_cap = len(capping)
+                w = lx.walk_state(s, m._reach)
+                derived += unknown and w == s and len(capping) == n_cap
+                want = sorted((x, real_capped(ex, e, m._reach.n, True, m._reach)) for x, e in lx.state_members(s))
+                assert sorted(lx.state_members(w)) == want
+            assert m.accept_token(t)
+        assert m.can_terminate()
+    assert derived >= 5, derived

@@ -44,6 +44,7 @@ from . import lexdfa, rowstore
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
+from .nodestore import AND, CONCAT, OR, REPEAT
 from .regexset import ExprSet, mask_bytes, pack_ids, put_bounded
 
 DEAD = -1
@@ -118,17 +119,90 @@ def _second(pair):
 #: :meth:`Lexer.walk_state`'s per-expression verdicts (one byte per ExprSet node): not known yet,
 #: capping leaves the expression as it is, capping changes it
 CAP_UNKNOWN, CAP_SAME, CAP_CHANGED = 0, 1, 2
+#: no body count known (walk_state with an int reach: the tests')
+_NO_BEGUN = np.full(0, -1, np.int64)
 
 
 @njit(nogil=True, cache=True)
-def _walk_same(ms_off, ms_mem, g_expr, ctr, verdict, s):
-    """True when state ``s`` is its own walk state by the verdicts known so far: each member's
-    expression holds no counter capping could lower (``ctr``, the store's flags) or is known to
-    be left as it is (``verdict[e] == CAP_SAME``). False when that is not known (the caller caps)."""
+def _walk_same(ms_off, ms_mem, g_expr, S, verdict, begun, s, stack):
+    """True when state ``s`` is its own walk state: each member's expression holds no counter
+    capping could lower (the store's ``ctr`` flags) or is left as it is by :func:`.slicer.capped`
+    (``keep_and``), by the verdicts known (``verdict[e] == CAP_SAME``) or derived here
+    (:func:`_same_when_capped`, which records them). False when that is not shown (the caller
+    caps in Python)."""
+    ctr = S.ctr
     for i in range(ms_off[s], ms_off[s + 1]):
         e = g_expr[ms_mem[i]]
         if ctr[e] and (e >= verdict.shape[0] or verdict[e] != CAP_SAME):
+            if not _same_when_capped(S, verdict, begun, e, stack):
+                return False
+    return True
+
+
+@njit(nogil=True, cache=True)
+def _same_when_capped(S, verdict, begun, e, stack):
+    """Whether :func:`.slicer.capped` (``keep_and``, for the reach whose body counts are
+    ``begun``: per expression, how many iterations of it one token can begin, -1 not known) leaves
+    ``e`` as it is, derived from its parts as :func:`.slicer._capped_into` caps them: a
+    concatenation or union is left as it is when every part is; a counted repetition
+    ``x{lo,hi}`` when its body is and ``hi <= max(lo, begun[x])`` (or ``hi`` is infinite or at most
+    ``max(lo, 1)``); a complement, byte set or empty word always; a part without counter always.
+    Each part shown so gets ``CAP_SAME`` in ``verdict``. False when not shown: a part already
+    known to change, an intersection (capped by a proof: Python's), a body count not known, a
+    node past ``verdict``, or a deeper nesting than ``stack`` holds."""
+    kind = S.kind
+    ka = S.a
+    kb = S.b
+    kc = S.c
+    pool = S.pool
+    ctr = S.ctr
+    nv = verdict.shape[0]
+    stack[0] = e
+    sp = 1
+    while sp > 0:
+        x = stack[sp - 1]
+        if x >= nv:
             return False
+        v = verdict[x]
+        if v == CAP_SAME or not ctr[x]:
+            sp -= 1
+            continue
+        if v == CAP_CHANGED:
+            return False
+        k = kind[x]
+        pushed = False
+        if k == CONCAT or k == OR or k == REPEAT:
+            if k == REPEAT:
+                lo = kb[x]
+                hi = kc[x]
+                if hi != -1 and hi > max(lo, 1):
+                    y = ka[x]
+                    bg = begun[y] if y < begun.shape[0] else -1
+                    if bg < 0 or hi > max(lo, bg):
+                        return False
+                n_ch = 1
+            elif k == CONCAT:
+                n_ch = 2
+            else:
+                n_ch = kb[x]
+            for j in range(n_ch):
+                if k == OR:
+                    y = pool[ka[x] + j]
+                elif j == 0:
+                    y = ka[x]
+                else:
+                    y = kb[x]
+                if ctr[y] and (y >= nv or verdict[y] != CAP_SAME):
+                    if y >= nv or verdict[y] == CAP_CHANGED or sp >= stack.shape[0]:
+                        return False
+                    stack[sp] = y
+                    sp += 1
+                    pushed = True
+        elif k == AND:
+            return False
+        if not pushed:
+            verdict[x] = CAP_SAME
+            sp -= 1
     return True
 
 
@@ -401,6 +475,7 @@ class Lexer:
         self._states: list[tuple[tuple[int, int], ...]] = []
         self._state_ids: dict[tuple, int] = {}
         self._twins: dict[int, int] = {}   # walk_state's memo
+        self._ws_stack = np.empty(256, np.int64)   # _same_when_capped's
         self._acc_sets: list[tuple[int, ...]] = []
         self._acc_ids: dict[tuple, int] = {}
         # room for the states a first mask builds (its expander reserves a round's worth,
@@ -964,7 +1039,10 @@ class Lexer:
         verdict = verdicts.get(vkey)
         if self.eager and verdict is not None:
             D = self._D
-            if _walk_same(D.ms_off, D.ms_mem, self._X.g_expr, ex.counter_array(), verdict, s):
+            if verdict.shape[0] < len(ex):
+                verdict = verdicts[vkey] = grown(verdict, len(ex), verdict.shape[0])
+            begun = _NO_BEGUN if rc is None else rc.begun_array(ex)
+            if _walk_same(D.ms_off, D.ms_mem, self._X.g_expr, ex._S, verdict, begun, s, self._ws_stack):
                 r = s
         if r is None:
             from .slicer import capped

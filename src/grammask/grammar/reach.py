@@ -135,7 +135,25 @@ class TokenReach:
                 k = _most_iterations(*self._tokens, dfa[0], dfa[1], int(m), 0)
                 r = min(r, int(k) + 1)
         memo[(self.key, a)] = r
+        arrays = ex.__dict__.setdefault("_reach_arrays", {})
+        arr = arrays.get(self.key)
+        if arr is None or arr.shape[0] <= a:
+            size = max(1024, 2 * (a + 1), 0 if arr is None else arr.shape[0])
+            new = np.full(size, -1, np.int64)
+            if arr is not None:
+                new[:arr.shape[0]] = arr
+            arr = arrays[self.key] = new
+        arr[a] = r
         return r
+
+    def begun_array(self, ex: ExprSet) -> np.ndarray:
+        """:meth:`begun` of the bodies it was asked for so far in ``ex``, by expression id (-1: not
+        asked yet), for compiled readers (replaced when it grows)."""
+        arr = ex.__dict__.get("_reach_arrays", {}).get(self.key)
+        return _NONE if arr is None else arr
+
+
+_NONE = np.full(0, -1, np.int64)
 
 
 def begun_within(ex: ExprSet, x: int, n: int) -> int:
