@@ -304,6 +304,7 @@ def test_first_bytes_over_covers_the_first_bytes():
             nxt = []
             for x in todo:
                 got, want = slicer.first_bytes_over(ex, x), ex.first_bytes(x)
+                assert got == slicer._first_bytes_over_py(ex, x), (p, depth)   # compiled = Python
                 assert got & want == want, (p, depth)
                 if not ex.has_bool(x) and ex.alive(x):
                     assert got == want, (p, depth)
@@ -313,3 +314,11 @@ def test_first_bytes_over_covers_the_first_bytes():
     assert seen > 100
     both = ex.intersect(parse_regex("[ab]{0,9}", ex), parse_regex("[bc]{1,9}", ex))
     assert slicer.first_bytes_over(ex, both) == ex.first_bytes(both) == 1 << ord("b")
+    # past its stack the compiled walk gives up: the Python walk answers (the same)
+    deep = parse_regex("a", ex)
+    for _ in range(40):
+        deep = ex.concat(ex.alt(deep, parse_regex("[xy]", ex)), parse_regex("b?", ex))
+    stack = ex.__dict__["_first_over_arrays"][2]
+    assert not slicer._first_over(ex._S, np.zeros(len(ex) + 1, np.uint8), np.zeros((len(ex) + 1, 4), np.uint64),
+                                  deep, stack[:8])
+    assert slicer.first_bytes_over(ex, deep) == slicer._first_bytes_over_py(ex, deep) == ex.first_bytes(deep)

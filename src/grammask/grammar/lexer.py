@@ -140,6 +140,29 @@ def _walk_same(ms_off, ms_mem, g_expr, S, verdict, begun, s, stack):
 
 
 @njit(nogil=True, cache=True)
+def _member_exprs(ms_off, ms_mem, g_expr, s):
+    """The expressions of compiled lexer state ``s``'s members, sorted and distinct."""
+    a = ms_off[s]
+    n = ms_off[s + 1] - a
+    xs = np.empty(n, np.int64)
+    for j in range(n):
+        xs[j] = g_expr[ms_mem[a + j]]
+    if n > 32:
+        xs = np.sort(xs)
+    else:
+        lexdfa._sort(xs, n)   # (an insertion sort: most states have a few members)
+    m = 0
+    for j in range(n):
+        if j == 0 or xs[j] != xs[j - 1]:
+            xs[m] = xs[j]
+            m += 1
+    return xs[:m].copy()
+
+
+_member_exprs_call = FastCall(_member_exprs)
+
+
+@njit(nogil=True, cache=True)
 def _same_when_capped(S, verdict, begun, e, stack):
     """Whether :func:`.slicer.capped` (``keep_and``, for the reach whose body counts are
     ``begun``: per expression, how many iterations of it one token can begin, -1 not known) leaves
@@ -535,6 +558,14 @@ class Lexer:
             return tuple(sorted([(int(g_lex[g]), int(g_expr[g]))
                                  for g in D.ms_mem[D.ms_off[s]:D.ms_off[s + 1]].tolist()]))
         return self._states[s]
+
+    def member_exprs(self, s: int) -> list[int]:
+        """The expressions of state ``s``'s members, sorted and distinct (what its skip flags and
+        cache entries depend on)."""
+        if self.eager:
+            D = self._D
+            return _member_exprs_call(D.ms_off, D.ms_mem, self._X.g_expr, s).tolist()
+        return sorted({x for _, x in self._states[s]})
 
     # ---------------------------------------------------------------- compiled expansion
     def _init_compiled(self, cap: int) -> None:

@@ -32,6 +32,7 @@ import numpy as np
 from numba import njit
 
 from .kstruct import kstruct
+from .lexdfa import FastCall
 from .lexer import ALL_BYTES, DEAD
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
@@ -285,20 +286,20 @@ class SliceChecker:
                 # the walk from ``s`` asks for its row first thing: build it now (the same
                 # expansion a kernel round would ask for), which also lets the row answer below
                 lexer.expand_many([s], lexer.resolve_budget)
-            members = lexer.state_members(s)
-            key = pack_ids(sorted({x for _, x in members}))
+            xs = lexer.member_exprs(s)
+            key = pack_ids(xs)
             combo = self._shared.get(key)
             if combo is None:
-                combo = put_bounded(self._shared, key, self._prove(lexer, s, members), MAX_SHARED_FLAGS)
+                combo = put_bounded(self._shared, key, self._prove(lexer, s, xs), MAX_SHARED_FLAGS)
             arr = self._flag_arrays.get(combo)
             if arr is None:   # one array per combination, shared (kernels only read it)
                 arr = self._flag_arrays[combo] = np.array([combo >> k & 1 for k in range(len(self.exprs))], np.int32)
             f = self._cache[s] = (arr, combo)
         return f
 
-    def _prove(self, lexer, s: int, members) -> int:
-        """The combination of :meth:`skip_flags` of state ``s`` (expanded; its ``members``),
-        proved (bit ``k``: slice ``k`` is contained)."""
+    def _prove(self, lexer, s: int, xs: list[int]) -> int:
+        """The combination of :meth:`skip_flags` of state ``s`` (expanded; ``xs``: its members'
+        expressions, sorted and distinct), proved (bit ``k``: slice ``k`` is contained)."""
         # a slice whose strings may begin with a byte on which the state's row is dead
         # (no member lives after it) is not contained: no proof needed. Most states
         # outside strings end here (an expanded row is never written again: read unlocked).
@@ -312,12 +313,12 @@ class SliceChecker:
             # out of time rarely has cheap ones after it, and the mask waits for all of them
             deadline = time.monotonic() + STATE_PROOF_SECONDS
             ex = lexer.exprs
-            if len(members) > 1:
+            if len(xs) > 1:
                 # a slice contained in one member's strings is contained in their union: each
                 # member's own combination first (shared by every state and grammar that has
                 # it). The states of an object's keys are a string's derivative beside literal
                 # keys, which differ from schema to schema: the string alone proves them.
-                for x in {x for _, x in members}:
+                for x in xs:
                     c = self._member_combo(ex, x, deadline)
                     for k in todo:
                         if c >> k & 1:
@@ -326,7 +327,7 @@ class SliceChecker:
                         break
             if None in known.values():
                 # the union of the state's expressions: the same for every slice
-                self._settle(ex, ex.alt(*[x for _, x in members]), known, deadline)
+                self._settle(ex, ex.alt(*xs), known, deadline)
         return _combination(known)
 
     def _member_combo(self, ex: ExprSet, x: int, deadline: float) -> int:
@@ -479,8 +480,96 @@ def max_length(ex: ExprSet, e: int) -> int:
 def first_bytes_over(ex: ExprSet, e: int) -> int:
     """A mask of the bytes that can begin a string of ``e``, over-estimated through complements
     (any byte) and intersections (those of every part), from the structure alone: no derivative
-    (:meth:`.ExprSet.first_bytes` takes them all, and decides which are alive). Memoised in the
-    ExprSet."""
+    (:meth:`.ExprSet.first_bytes` takes them all, and decides which are alive). Compiled
+    (:func:`_first_over`), memoised per node in the ExprSet; :func:`_first_bytes_over_py` where
+    the compiled walk gives up (a nesting deeper than its stack)."""
+    memo = ex.__dict__.get("_first_over_arrays")
+    if memo is None or memo[0].shape[0] <= e:
+        size = max(4096, 2 * (e + 1))
+        known, fm = np.zeros(size, np.uint8), np.zeros((size, 4), np.uint64)
+        if memo is not None:
+            known[:memo[0].shape[0]] = memo[0]
+            fm[:memo[0].shape[0]] = memo[1]
+        memo = ex.__dict__["_first_over_arrays"] = (known, fm, np.empty(1024, np.int64))
+    known, fm, stack = memo
+    if known[e] or _first_over_call(ex._S, known, fm, e, stack):
+        return int.from_bytes(fm[e].tobytes(), "little")
+    return _first_bytes_over_py(ex, e)
+
+
+@njit(nogil=True, cache=True)
+def _first_over(S, known, fm, e, stack):
+    """:func:`first_bytes_over` of node ``e`` into ``fm[e]`` (four 64-bit words, byte ``b``: bit
+    ``b % 64`` of word ``b // 64``), and of every part it needs, each marked in ``known``; False
+    (nothing wrong written) when a part is past ``known`` or the parts nest deeper than
+    ``stack``."""
+    kind = S.kind
+    ka = S.a
+    kb = S.b
+    pool = S.pool
+    bm = S.bm
+    nul = S.nul
+    n = known.shape[0]
+    stack[0] = e
+    sp = 1
+    while sp > 0:
+        x = stack[sp - 1]
+        if known[x]:
+            sp -= 1
+            continue
+        k = kind[x]
+        n_ch = 0
+        if k == REPEAT:
+            n_ch = 1
+        elif k == CONCAT:
+            n_ch = 2
+        elif k == OR or k == AND:
+            n_ch = kb[x]
+        pushed = False
+        for j in range(n_ch):
+            y = pool[ka[x] + j] if (k == OR or k == AND) else (ka[x] if j == 0 else kb[x])
+            if y >= n:
+                return False
+            if not known[y]:
+                if sp >= stack.shape[0]:
+                    return False
+                stack[sp] = y
+                sp += 1
+                pushed = True
+        if pushed:
+            continue
+        for w in range(4):
+            if k == BYTES:
+                v = bm[ka[x], w]
+            elif k == NOT:
+                v = ~np.uint64(0)
+            elif k == REPEAT:
+                v = fm[ka[x], w]
+            elif k == CONCAT:
+                v = fm[ka[x], w]
+                if nul[ka[x]]:
+                    v |= fm[kb[x], w]
+            elif k == OR:
+                v = np.uint64(0)
+                for j in range(n_ch):
+                    v |= fm[pool[ka[x] + j], w]
+            elif k == AND:
+                v = ~np.uint64(0)
+                for j in range(n_ch):
+                    v &= fm[pool[ka[x] + j], w]
+            else:   # EMPTY, EPS
+                v = np.uint64(0)
+            fm[x, w] = v
+        known[x] = 1
+        sp -= 1
+    return True
+
+
+_first_over_call = FastCall(_first_over)
+
+
+def _first_bytes_over_py(ex: ExprSet, e: int) -> int:
+    """:func:`first_bytes_over` in Python (its reference, and where the compiled walk gives up)."""
     memo = ex.__dict__.setdefault("_first_over", {})
     r = memo.get(e)
     if r is not None:
