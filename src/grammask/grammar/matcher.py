@@ -69,6 +69,11 @@ class GrammarMatcher:
             req=np.zeros(1 + 2 * 64, np.int64),
             stack=walk_stack(depth, compiled.forest.arrays.seg_start.shape[0])))
         self._out = np.zeros(2, np.int32)
+        self._n_words = (self.vocab_size + 31) // 32
+        self._F = compiled.forest.arrays   # (the tokenizer's: read on every mask)
+        #: the state cache of ``_mc_lexer`` (the lexer generation the last mask read), kept here
+        self._mc_lexer = None
+        self._mc = None
         #: what one mask's walk can read: a prefix of a token (see Lexer.walk_state)
         self._reach = compiled.reach
         self._ok = np.zeros(256, np.uint8)
@@ -271,7 +276,7 @@ class GrammarMatcher:
 
     def fill_words(self, words: np.ndarray) -> None:
         """Fill one mask row given as a uint32 numpy array of ``ceil(V/32)`` words."""
-        n_words = (self.vocab_size + 31) // 32
+        n_words = self._n_words
         if words.shape[0] < n_words:
             raise MatcherError(f"bitmask row has {words.shape[0]} words, vocabulary needs {n_words}")
         if self._terminated:
@@ -288,12 +293,16 @@ class GrammarMatcher:
         s = lexer._twins.get(self._s)   # walk_state's memo, read inline on the hot path
         if s is None:
             s = lexer.walk_state(self._s, self._reach)
-        mc = lexer.__dict__.get("mask_cache") or comp.mask_cache_of(lexer)
+        if self._mc_lexer is lexer:
+            mc = self._mc
+        else:
+            mc = self._mc = comp.mask_cache_of(lexer)
+            self._mc_lexer = lexer
         skip, combo, _visits, cache, acc = mc.entry(s)
         w = self._walk
         if words.shape[0] != n_words:
             words = words[:n_words]
-        F = comp.forest.arrays
+        F = self._F
         if cache is not None:
             fn, fx, head = _fill_mask_cached, _fill_mask_cached_x, (F, combo, cache, acc, s, self._h, self._lex_len)
         else:
