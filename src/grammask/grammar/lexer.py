@@ -124,16 +124,19 @@ _NO_BEGUN = np.full(0, -1, np.int64)
 
 
 @njit(nogil=True, cache=True)
-def _walk_same(ms_off, ms_mem, g_expr, S, verdict, begun, s, stack):
+def _walk_same(ms_off, ms_mem, g_expr, S, verdict, begun, s):
     """True when state ``s`` is its own walk state: each member's expression holds no counter
     capping could lower (the store's ``ctr`` flags) or is left as it is by :func:`.slicer.capped`
     (``keep_and``), by the verdicts known (``verdict[e] == CAP_SAME``) or derived here
     (:func:`_same_when_capped`, which records them). False when that is not shown (the caller
     caps in Python)."""
     ctr = S.ctr
+    stack = np.empty(0, np.int64)
     for i in range(ms_off[s], ms_off[s + 1]):
         e = g_expr[ms_mem[i]]
         if ctr[e] and (e >= verdict.shape[0] or verdict[e] != CAP_SAME):
+            if stack.shape[0] == 0:
+                stack = np.empty(256, np.int64)   # (the call's own: walk_state runs unlocked)
             if not _same_when_capped(S, verdict, begun, e, stack):
                 return False
     return True
@@ -226,7 +229,7 @@ def _same_when_capped(S, verdict, begun, e, stack):
         if not pushed:
             verdict[x] = CAP_SAME
             sp -= 1
-    return True
+    return verdict[e] == CAP_SAME
 
 
 @njit(nogil=True, cache=True)
@@ -498,7 +501,6 @@ class Lexer:
         self._states: list[tuple[tuple[int, int], ...]] = []
         self._state_ids: dict[tuple, int] = {}
         self._twins: dict[int, int] = {}   # walk_state's memo
-        self._ws_stack = np.empty(256, np.int64)   # _same_when_capped's
         self._acc_sets: list[tuple[int, ...]] = []
         self._acc_ids: dict[tuple, int] = {}
         # room for the states a first mask builds (its expander reserves a round's worth,
@@ -1073,7 +1075,7 @@ class Lexer:
             if verdict.shape[0] < len(ex):
                 verdict = verdicts[vkey] = grown(verdict, len(ex), verdict.shape[0])
             begun = _NO_BEGUN if rc is None else rc.begun_array(ex)
-            if _walk_same(D.ms_off, D.ms_mem, self._X.g_expr, ex._S, verdict, begun, s, self._ws_stack):
+            if _walk_same(D.ms_off, D.ms_mem, self._X.g_expr, ex._S, verdict, begun, s):
                 r = s
         if r is None:
             from .slicer import capped

@@ -477,6 +477,10 @@ def max_length(ex: ExprSet, e: int) -> int:
     return memo[e]
 
 
+#: the deepest nesting of parts :func:`_first_over` walks (deeper: the Python walk)
+FIRST_OVER_DEPTH = 1024
+
+
 def first_bytes_over(ex: ExprSet, e: int) -> int:
     """A mask of the bytes that can begin a string of ``e``, over-estimated through complements
     (any byte) and intersections (those of every part), from the structure alone: no derivative
@@ -490,9 +494,9 @@ def first_bytes_over(ex: ExprSet, e: int) -> int:
         if memo is not None:
             known[:memo[0].shape[0]] = memo[0]
             fm[:memo[0].shape[0]] = memo[1]
-        memo = ex.__dict__["_first_over_arrays"] = (known, fm, np.empty(1024, np.int64))
-    known, fm, stack = memo
-    if known[e] or _first_over_call(ex._S, known, fm, e, stack):
+        memo = ex.__dict__["_first_over_arrays"] = (known, fm)
+    known, fm = memo
+    if known[e] or _first_over_call(ex._S, known, fm, e, np.empty(FIRST_OVER_DEPTH, np.int64)):
         return int.from_bytes(fm[e].tobytes(), "little")
     return _first_bytes_over_py(ex, e)
 
