@@ -44,7 +44,7 @@ from . import lexdfa, rowstore
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
-from .nodestore import AND, CONCAT, OR, REPEAT
+from .nodestore import AND, REPEAT, n_parts, part
 from .regexset import ExprSet, mask_bytes, pack_ids, put_bounded
 
 DEAD = -1
@@ -177,10 +177,6 @@ def _same_when_capped(S, verdict, begun, e, stack):
     known to change, an intersection (capped by a proof: Python's), a body count not known, a
     node past ``verdict``, or a deeper nesting than ``stack`` holds."""
     kind = S.kind
-    ka = S.a
-    kb = S.b
-    kc = S.c
-    pool = S.pool
     ctr = S.ctr
     nv = verdict.shape[0]
     stack[0] = e
@@ -196,36 +192,25 @@ def _same_when_capped(S, verdict, begun, e, stack):
         if v == CAP_CHANGED:
             return False
         k = kind[x]
-        pushed = False
-        if k == CONCAT or k == OR or k == REPEAT:
-            if k == REPEAT:
-                lo = kb[x]
-                hi = kc[x]
-                if hi != -1 and hi > max(lo, 1):
-                    y = ka[x]
-                    bg = begun[y] if y < begun.shape[0] else -1
-                    if bg < 0 or hi > max(lo, bg):
-                        return False
-                n_ch = 1
-            elif k == CONCAT:
-                n_ch = 2
-            else:
-                n_ch = kb[x]
-            for j in range(n_ch):
-                if k == OR:
-                    y = pool[ka[x] + j]
-                elif j == 0:
-                    y = ka[x]
-                else:
-                    y = kb[x]
-                if ctr[y] and (y >= nv or verdict[y] != CAP_SAME):
-                    if y >= nv or verdict[y] == CAP_CHANGED or sp >= stack.shape[0]:
-                        return False
-                    stack[sp] = y
-                    sp += 1
-                    pushed = True
-        elif k == AND:
+        if k == AND:
             return False
+        if k == REPEAT:
+            lo = S.b[x]
+            hi = S.c[x]
+            if hi != -1 and hi > max(lo, 1):
+                y = S.a[x]
+                bg = begun[y] if y < begun.shape[0] else -1
+                if bg < 0 or hi > max(lo, bg):
+                    return False
+        pushed = False
+        for j in range(n_parts(S, x)):
+            y = part(S, x, j)
+            if ctr[y] and (y >= nv or verdict[y] != CAP_SAME):
+                if y >= nv or verdict[y] == CAP_CHANGED or sp >= stack.shape[0]:
+                    return False
+                stack[sp] = y
+                sp += 1
+                pushed = True
         if not pushed:
             verdict[x] = CAP_SAME
             sp -= 1

@@ -195,6 +195,30 @@ def _lookup3(S, kind, a, b, c):
     return -1, slot
 
 
+@njit(nogil=True, cache=True, inline="always")
+def n_parts(S, x):
+    """How many parts node ``x`` has that a walk over the structure enters: a repetition's body,
+    a concatenation's two, a union's or intersection's list; none for the others (a complement's
+    operand is left to each walk)."""
+    k = S.kind[x]
+    if k == REPEAT:
+        return 1
+    if k == CONCAT:
+        return 2
+    if k == OR or k == AND:
+        return S.b[x]
+    return 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def part(S, x, j):
+    """Part ``j`` of node ``x`` (see :func:`n_parts`)."""
+    k = S.kind[x]
+    if k == OR or k == AND:
+        return S.pool[S.a[x] + j]
+    return S.a[x] if j == 0 else S.b[x]
+
+
 @njit(nogil=True, cache=True)
 def mk3(S, kind, a, b, c):
     """The node ``(kind, a, b, c)`` of a kind without children in the pool (EMPTY, EPS, CONCAT,

@@ -34,6 +34,7 @@ from numba import njit
 from .kstruct import kstruct
 from .lexdfa import FastCall
 from .lexer import ALL_BYTES, DEAD
+from .nodestore import n_parts, part
 from .regex import parse_regex
 from .reach import TokenReach, begun_within
 from .regexset import AND, BYTES, CONCAT, EMPTY, EPS, INF, NOT, OR, REPEAT, ExprSet, pack_ids, put_bounded
@@ -507,12 +508,9 @@ def _first_over(S, known, fm, e, stack):
     ``b % 64`` of word ``b // 64``), and of every part it needs, each marked in ``known``; False
     (nothing wrong written) when a part is past ``known`` or the parts nest deeper than
     ``stack``."""
-    kind = S.kind
     ka = S.a
     kb = S.b
     pool = S.pool
-    bm = S.bm
-    nul = S.nul
     n = known.shape[0]
     stack[0] = e
     sp = 1
@@ -521,17 +519,11 @@ def _first_over(S, known, fm, e, stack):
         if known[x]:
             sp -= 1
             continue
-        k = kind[x]
-        n_ch = 0
-        if k == REPEAT:
-            n_ch = 1
-        elif k == CONCAT:
-            n_ch = 2
-        elif k == OR or k == AND:
-            n_ch = kb[x]
+        k = S.kind[x]
+        n_ch = n_parts(S, x)
         pushed = False
         for j in range(n_ch):
-            y = pool[ka[x] + j] if (k == OR or k == AND) else (ka[x] if j == 0 else kb[x])
+            y = part(S, x, j)
             if y >= n:
                 return False
             if not known[y]:
@@ -544,14 +536,14 @@ def _first_over(S, known, fm, e, stack):
             continue
         for w in range(4):
             if k == BYTES:
-                v = bm[ka[x], w]
+                v = S.bm[ka[x], w]
             elif k == NOT:
                 v = ~np.uint64(0)
             elif k == REPEAT:
                 v = fm[ka[x], w]
             elif k == CONCAT:
                 v = fm[ka[x], w]
-                if nul[ka[x]]:
+                if S.nul[ka[x]]:
                     v |= fm[kb[x], w]
             elif k == OR:
                 v = np.uint64(0)
