@@ -1054,11 +1054,9 @@ class Lexer:
         # (nor the lock): 3 in 4 of the new states of a 1-in-20 MaskBench pass
         vkey = (n if rc is None else rc.key, True)
         verdicts = ex.__dict__.setdefault("_cap_verdicts", {})
-        verdict = verdicts.get(vkey)
-        if self.eager and verdict is not None:
+        if self.eager and vkey in verdicts:
             D = self._D
-            if verdict.shape[0] < len(ex):
-                verdict = verdicts[vkey] = grown(verdict, len(ex), verdict.shape[0])
+            verdict = self._verdicts_of(verdicts, vkey)
             begun = _NO_BEGUN if rc is None else rc.begun_array(ex)
             if _walk_same(D.ms_off, D.ms_mem, self._X.g_expr, ex._S, verdict, begun, s):
                 r = s
@@ -1081,17 +1079,23 @@ class Lexer:
         twins[s] = r
         return r
 
-    def _record_verdicts(self, verdicts: dict, vkey, members, capd) -> None:
-        """Note, for :meth:`walk_state`'s compiled pass, whether capping changed each member
-        expression that holds a counter (an array over the ExprSet's nodes, grown with it:
-        one byte a node)."""
+    def _verdicts_of(self, verdicts: dict, vkey) -> np.ndarray:
+        """The verdict array of ``vkey`` (one byte per ExprSet node), made or grown to the
+        ExprSet's nodes."""
         ex = self.exprs
         verdict = verdicts.get(vkey)
         if verdict is None:
             verdict = verdicts[vkey] = np.zeros(max(1024, 2 * len(ex)), np.int8)
         elif verdict.shape[0] < len(ex):
             verdict = verdicts[vkey] = grown(verdict, len(ex), verdict.shape[0])
-        ctr = ex.counter_flags()
+        return verdict
+
+    def _record_verdicts(self, verdicts: dict, vkey, members, capd) -> None:
+        """Note, for :meth:`walk_state`'s compiled pass, whether capping changed each member
+        expression that holds a counter (an array over the ExprSet's nodes, grown with it:
+        one byte a node)."""
+        verdict = self._verdicts_of(verdicts, vkey)
+        ctr = self.exprs.counter_flags()
         for (_, e), c in zip(members, capd):
             if ctr[e]:
                 verdict[e] = CAP_SAME if c == e else CAP_CHANGED

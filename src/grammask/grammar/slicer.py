@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 from .kstruct import kstruct
-from .lexdfa import FastCall
+from .lexdfa import FastCall, grown
 from .lexer import ALL_BYTES, DEAD
 from .nodestore import n_parts, part
 from .regex import parse_regex
@@ -489,14 +489,12 @@ def first_bytes_over(ex: ExprSet, e: int) -> int:
     (:func:`_first_over`), memoised per node in the ExprSet; :func:`_first_bytes_over_py` where
     the compiled walk gives up (a nesting deeper than its stack)."""
     memo = ex.__dict__.get("_first_over_arrays")
-    if memo is None or memo[0].shape[0] <= e:
-        size = max(4096, 2 * (e + 1))
-        known, fm = np.zeros(size, np.uint8), np.zeros((size, 4), np.uint64)
-        if memo is not None:
-            known[:memo[0].shape[0]] = memo[0]
-            fm[:memo[0].shape[0]] = memo[1]
-        memo = ex.__dict__["_first_over_arrays"] = (known, fm)
+    if memo is None:
+        memo = ex.__dict__["_first_over_arrays"] = (np.zeros(4096, np.uint8), np.zeros((4096, 4), np.uint64))
     known, fm = memo
+    if known.shape[0] <= e:
+        n = known.shape[0]
+        known, fm = ex.__dict__["_first_over_arrays"] = (grown(known, e + 1, n), grown(fm, e + 1, n))
     if known[e] or _first_over_call(ex._S, known, fm, e, np.empty(FIRST_OVER_DEPTH, np.int64)):
         return int.from_bytes(fm[e].tobytes(), "little")
     return _first_bytes_over_py(ex, e)
