@@ -73,6 +73,23 @@ def test_a_record_of_other_array_types_is_another_type():
     assert kstruct(_rec(np.int64))._type != a._type
 
 
+def test_records_of_one_class_and_dtypes_share_one_constructor(monkeypatch):
+    """kstruct calls the constructor's entry point of the first record of its class and dtypes
+    (no dispatcher typing); a record whose fields differ in more than their dtypes (here one
+    field's layout) is refused under the check mode (GRAMMASK_CHECK_FASTCALL=1)."""
+    import grammask.grammar.kstruct as ks
+
+    a = kstruct(_rec())
+    assert (MissingRequests, tuple(x.dtype for x in _rec())) in ks._ENTRIES
+    b = kstruct(_rec())
+    assert b._type == a._type and _sum_and_write(b, 2) == 11 and b.start_lex[2] == 20
+    monkeypatch.setattr(ks, "_CHECK", True)
+    assert kstruct(_rec())._type == a._type
+    odd = _rec()._replace(start_off=np.ones((2, 6))[:, ::2])   # same dtype and ndim, strided
+    with pytest.raises(TypeError, match="beyond their dtypes"):
+        kstruct(odd)
+
+
 def test_only_the_engines_tuples():
     Other = namedtuple("Other", "a")
     with pytest.raises(TypeError, match="engine's named tuples"):

@@ -275,9 +275,9 @@ def test_walk_states_said_by_the_verdicts_are_the_capped_ones(llama3, monkeypatc
         "required": ["t", "d", "n", "k"], "additionalProperties": False}
     doc = {"t": "one two three four", "d": "123456789.25", "n": "x" * 120 + " tail", "k": 4321}
     ids = tk.encode(json.dumps(doc), add_special_tokens=False).ids
-    real = lexer_mod._walk_same
+    real = lexer_mod._walk_same_call
     said = []
-    monkeypatch.setattr(lexer_mod, "_walk_same", lambda *a: said.append(real(*a)) or said[-1])
+    monkeypatch.setattr(lexer_mod, "_walk_same_call", lambda *a: said.append(real(*a)) or said[-1])
     compiler = GrammarCompiler(info, cache_size=0)
     for run in range(2):
         said.clear()

@@ -22,6 +22,8 @@ checks both on every kernel call of the suite.
 """
 from __future__ import annotations
 
+import os
+
 from numba import njit, types
 from numba.core import cgutils, imputils
 from numba.core.datamodel import default_manager, models
@@ -181,6 +183,16 @@ def _to_struct(nt):
     return _struct_from(nt)
 
 
+#: the constructor's entry point per (named tuple class, its fields' dtypes): the dispatcher's own
+#: typing of a record's arguments (a fingerprint of every array) cost ~5 us of a ~8 us record, and
+#: ~10 us of ~20 right after a compile (11 records per compile and first mask: ~10% of the median
+#: MaskBench time to first mask). A class's fields keep their ndim and layout from record to record
+#: (the engine makes each field one way); ``GRAMMASK_CHECK_FASTCALL=1`` checks every record (as
+#: :class:`.lexdfa.FastCall` does for kernels).
+_ENTRIES: dict = {}
+_CHECK = bool(os.environ.get("GRAMMASK_CHECK_FASTCALL"))
+
+
 def kstruct(nt) -> KStruct:
     """The kernel record of named tuple ``nt`` (its arrays, shared, not copied).
 
@@ -190,10 +202,28 @@ def kstruct(nt) -> KStruct:
     (a test's, a script's ``__main__``) would break the cache for all of them."""
     if isinstance(nt, KStruct):
         return nt
-    mod = type(nt).__module__
-    if not mod.startswith("grammask."):
-        raise TypeError(f"kstruct takes the engine's named tuples only, not {mod}.{type(nt).__qualname__}")
-    s = _to_struct(nt)
+    cls = type(nt)
+    try:
+        key = (cls, tuple([a.dtype for a in nt]))
+    except AttributeError:   # a scalar field: the dispatcher types the call
+        key = None
+    entry = _ENTRIES.get(key)
+    if entry is not None and not _CHECK:
+        s = entry(nt)
+    else:
+        mod = cls.__module__
+        if not mod.startswith("grammask."):
+            raise TypeError(f"kstruct takes the engine's named tuples only, not {mod}.{cls.__qualname__}")
+        s = _to_struct(nt)
+        if key is not None:
+            sig = (_to_struct.typeof_pyval(nt),)
+            ov = _to_struct.overloads.get(sig)
+            if entry is None:
+                if ov is not None:
+                    _ENTRIES[key] = ov.entry_point
+            elif ov is None or ov.entry_point is not entry:
+                raise TypeError(f"kstruct: a {cls.__qualname__} whose fields differ from the first one's "
+                                f"beyond their dtypes: {sig[0]}")
     d = s.__dict__
     d.update(zip(nt._fields, nt))
     d["_tuple"] = nt

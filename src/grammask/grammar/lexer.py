@@ -142,6 +142,9 @@ def _walk_same(ms_off, ms_mem, g_expr, S, verdict, begun, s):
     return True
 
 
+_walk_same_call = FastCall(_walk_same)
+
+
 @njit(nogil=True, cache=True)
 def _member_exprs(ms_off, ms_mem, g_expr, s):
     """The expressions of compiled lexer state ``s``'s members, sorted and distinct."""
@@ -1058,7 +1061,7 @@ class Lexer:
             D = self._D
             verdict = self._verdicts_of(verdicts, vkey)
             begun = _NO_BEGUN if rc is None else rc.begun_array(ex)
-            if _walk_same(D.ms_off, D.ms_mem, self._X.g_expr, ex._S, verdict, begun, s):
+            if _walk_same_call(D.ms_off, D.ms_mem, self._X.g_expr, ex._S, verdict, begun, s):
                 r = s
         if r is None:
             from .slicer import capped
