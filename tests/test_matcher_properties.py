@@ -580,3 +580,20 @@ def test_apply_bitmask_numpy_and_torch(spm_padded):
         apply_token_bitmask_inplace(logits.copy(), bm.astype(np.int64))
     with pytest.raises(MatcherError):
         apply_token_bitmask_inplace(torch.from_numpy(logits.copy()), torch.from_numpy(bm.astype(np.int64)))
+
+
+def test_the_first_matcher_takes_the_compiles_request_buffers(bl):
+    """The first matcher of a compiled grammar takes the request buffers its compile used (one
+    record less before the first mask), the next ones fresh buffers; all mask alike."""
+    info, compiler = bl
+    c = GrammarCompiler(info, cache_size=0).compile_json_schema(
+        {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}})
+    spare = c._spare_missing
+    m1, m2 = GrammarMatcher(c), GrammarMatcher(c)
+    assert m1._M is spare and m2._M is not spare and "_spare_missing" not in c.__dict__
+    assert not spare.counts.any()
+    for text in ['{"a": "x', '{"a": "xy", "b": 12']:
+        for m in (m1, m2):
+            m.reset()
+            assert m.accept_string(text)
+        assert allowed_set(m1) == allowed_set(m2)

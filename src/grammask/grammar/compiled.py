@@ -45,8 +45,12 @@ class CompiledGrammar:
         self.lexer_generations = 0
         # the initial row is the same for every matcher: build it once and warm the lexer up
         stack = ParseStack(f)
-        self.run(_initial_row, stack, self.new_missing(f.n_lexemes), (), (),
-                 "internal error: initial parser row did not settle")
+        M = self.new_missing(f.n_lexemes)
+        self.run(_initial_row, stack, M, (), (), "internal error: initial parser row did not settle")
+        M.counts[:] = 0
+        M.start_off[0] = 0
+        #: the request buffers of the initial row, handed to the first matcher (:meth:`missing_for_matcher`)
+        self._spare_missing = M
         self._template = stack   # every matcher starts from a copy (never written to)
         self.initial_state = int(stack.arrays.row_ls[0])
         self.lexer.initial_state = self.initial_state
@@ -241,6 +245,12 @@ class CompiledGrammar:
             # these states, in one round; the compiled expansion then walks down the run
             lx.expand_many(sorted(set(out[:n].tolist())), lx.resolve_budget,
                            ladder=int(deep[0]))
+
+    def missing_for_matcher(self) -> MissingRequests:
+        """Request buffers for a new matcher: the compile's own for the first one (a record less
+        to make on the way to the first mask), then fresh ones."""
+        M = self.__dict__.pop("_spare_missing", None)   # (one pop: two threads never share it)
+        return self.new_missing(self.flat.n_lexemes) if M is None else M
 
     def new_stack(self) -> ParseStack:
         return self._template.copy()

@@ -60,7 +60,7 @@ class GrammarMatcher:
         self.terminate_without_stop_token = terminate_without_stop_token
         self.max_rollback_tokens = max_rollback_tokens
         self._token_bytes = info.token_bytes
-        self._M = compiled.new_missing(compiled.flat.n_lexemes)
+        self._M = compiled.missing_for_matcher()
         depth = int(compiled.forest.trie.max_depth) + 2
         self._walk = kstruct(WalkBuffers(
             ls_st=np.zeros(depth, np.int32), h_st=np.zeros(depth, np.int32),
