@@ -37,6 +37,10 @@ from .regexset import ExprSet
 #: new schema per request flat (was 1,000,000: RSS grew ~28 MiB per 100 requests). A reset costs
 #: colder compiles until the common lexemes are rebuilt (2,000 distinct schemas: 27 -> 35 s).
 EXPRS_RESET_NODES = 20_000
+#: the room a shared ExprSet is made with: it holds 20-27k nodes (and their derivatives) when it
+#: is replaced (the 1-in-20 MaskBench pass), which from the default start took it through ~8
+#: regrowths and rehashes of its tables, 0.3 s of the pass
+SHARED_EXPRS_ROOM = 1 << 16
 
 
 #: no full garbage collection while a grammar compiles (see :func:`_collector_paused`)
@@ -128,7 +132,7 @@ class GrammarCompiler:
         self.cache = GrammarCache(cache_size if self.cache_enabled else 0, cache_max_bytes)
         self._lock = threading.Lock()
         self._local = threading.local()   # .depth: inside get_or_compile / uncached() in this thread
-        self._exprs = ExprSet()
+        self._exprs = ExprSet(initial_nodes=SHARED_EXPRS_ROOM)
         self.max_shared_exprs = int(max_shared_exprs)
         #: states of one lexer generation of each compiled grammar (see grammar/lexer.py)
         self.max_lexer_states = int(max_lexer_states)
@@ -140,7 +144,7 @@ class GrammarCompiler:
         hold its lock. Replaced by a fresh one when it grows too big (old grammars keep theirs)."""
         with self._lock:
             if len(self._exprs) > self.max_shared_exprs:
-                self._exprs = ExprSet()
+                self._exprs = ExprSet(initial_nodes=SHARED_EXPRS_ROOM)
                 self.exprs_resets += 1
             return self._exprs
 

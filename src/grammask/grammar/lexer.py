@@ -493,9 +493,10 @@ class Lexer:
         self._acc_ids: dict[tuple, int] = {}
         # room for the states a first mask builds (its expander reserves a round's worth,
         # EAGER_RESOLVE_BUDGET: :meth:`inline_expander`), so that no grammar regrows its arrays
-        # there; the rows are written as states are made (never read before), so ``trans`` is
-        # address space until then
-        cap = 2 * EAGER_RESOLVE_BUDGET if self.eager_default(eager) else 64
+        # there, nor the four in five of MaskBench's grammars whose masks make 512-1,024 states;
+        # the rows are written as states are made (never read before), so ``trans`` is address
+        # space until then
+        cap = 4 * EAGER_RESOLVE_BUDGET if self.eager_default(eager) else 64
         self.trans = np.empty(cap * 256, dtype=np.int32)
         self.state_acc = np.full(cap, -1, dtype=np.int32)
         self.acc_off = np.zeros(1, dtype=np.int32)
@@ -562,7 +563,7 @@ class Lexer:
         """The arrays of the compiled expansion (see :mod:`.lexdfa`)."""
         # room for the free rows a first expansion may add (:meth:`_fill_rows` reserves them):
         # a smaller table is regrown at once, on every grammar's first expansion
-        self._X = lexdfa.new_dfas(2 * EAGER_FREE_ROWS)
+        self._X = lexdfa.new_dfas(4 * EAGER_FREE_ROWS)   # (as the lexer states, above)
         self._g0 = np.full(len(self.lexemes), -1, np.int64)   # the DFA state of each lexeme's start
         # per lexeme: its expression and whether it is nullable (register_starts' inputs)
         self._lex_arr = np.array(self.lexemes, np.int64)

@@ -206,7 +206,11 @@ class ExprSet:
     #: decided by the periodic layers first: depth first needs at least that many states
     counted_layers_from = 16
 
-    def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000):
+    def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000, *,
+                 initial_nodes: int | None = None):
+        """``initial_nodes``: room made at once for that many nodes (a power of two), their hash
+        table and about four derivatives each, where a store is known to grow that big (the
+        compiler's shared one); else the store starts small and doubles as it fills."""
         if not 0 < max_nodes < 1 << 32:
             raise ValueError("max_nodes must be below 2**32 (node ids are packed into keys)")
         # The nodes live in a compiled store (nodestore.py: hash-consing, construction and
@@ -218,7 +222,9 @@ class ExprSet:
         # holds millions of entries; a dict with tuple keys is tracked again by every insertion
         # of a fresh key, and each full collection then walks all its keys (up to a second on a
         # big heap: a pause that lands on whatever mask is being computed).
-        self._S = kstruct(ns.new_arrays(max_nodes))
+        sizes = {} if initial_nodes is None else {"nodes": initial_nodes, "table": initial_nodes,
+                                                   "memo": 4 * initial_nodes}
+        self._S = kstruct(ns.new_arrays(max_nodes, **sizes))
         self.kind = bytearray()
         #: node id -> its arguments (children, a byte mask, repeat bounds), decoded on first read
         self.args = _NodeArgs(self)
