@@ -471,7 +471,11 @@ def _nullable_nts(rules: dict[int, list[list[int]]]) -> set[int]:
 class _JitClock:
     """Seconds this process spent compiling Numba kernels (outermost compilations, all threads):
     a cold kernel cache compiles them during a process's first grammars, which is not the
-    grammar's work, so the lowering's time bound does not charge it (:func:`work_clock`)."""
+    grammar's work, so the lowering's time bound does not charge it (:func:`work_clock`).
+
+    One process-wide depth counter, not per thread: Numba's compiler lock serialises
+    compilations, so the nested start/end events of one thread's compile (a kernel compiling
+    the kernels it calls) never interleave with another thread's."""
 
     seconds = 0.0
     _depth = 0

@@ -190,7 +190,10 @@ def _to_struct(nt):
 #: (the engine makes each field one way); ``GRAMMASK_CHECK_FASTCALL=1`` checks every record (as
 #: :class:`.lexdfa.FastCall` does for kernels).
 _ENTRIES: dict = {}
-_CHECK = bool(os.environ.get("GRAMMASK_CHECK_FASTCALL"))
+#: ``GRAMMASK_CHECK_FASTCALL=1``: check every record's and every FastCall's argument types (the
+#: one reading of the variable: :class:`.lexdfa.FastCall` starts from it; tests toggle each)
+CHECK_FASTCALL = bool(os.environ.get("GRAMMASK_CHECK_FASTCALL"))
+_CHECK = CHECK_FASTCALL
 
 
 def kstruct(nt) -> KStruct:

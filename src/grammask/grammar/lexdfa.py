@@ -19,13 +19,12 @@ order.
 """
 from __future__ import annotations
 
-import os
 from collections import namedtuple
 
 import numpy as np
 from numba import njit
 
-from .kstruct import kstruct
+from .kstruct import CHECK_FASTCALL, kstruct
 
 
 class FastCall:
@@ -43,7 +42,7 @@ class FastCall:
     __slots__ = ("fn", "entry", "sig")
 
     #: check every call's argument types against the entry's signature (slow: for tests)
-    check = bool(os.environ.get("GRAMMASK_CHECK_FASTCALL"))
+    check = CHECK_FASTCALL
 
     def __init__(self, fn):
         self.fn = fn
