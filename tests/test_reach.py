@@ -124,6 +124,40 @@ def test_a_body_past_the_dfa_bound_keeps_the_length_bound(monkeypatch):
     assert reach.begun(ex, a) == begun_within(ex, a, reach.n)
 
 
+def test_the_vocabulary_pass_is_kept_per_tokenizer_by_the_bodys_dfa(monkeypatch):
+    """A compiler replaces its ExprSet every 20,000 expressions, and the ExprSet's memo goes with
+    it: the same body in the next ExprSet (other ids, other nodes around it) reuses the pass's
+    answer; a body with another DFA, or the same DFA with another tokenizer, makes its own."""
+    import grammask.grammar.reach as reach_mod
+
+    calls = []
+    orig = reach_mod._most_iterations
+
+    def counting(*a):
+        calls.append(a[3].shape[0])
+        return orig(*a)
+
+    monkeypatch.setattr(reach_mod, "_most_iterations", counting)
+    toks = VOCABS["spaces"]()
+    reach = TokenReach(TokenizerInfo.from_vocab(toks))
+    answers = []
+    for filler in ["", "[0-9]{3}x", "(ab|cd)*q"]:
+        ex = ExprSet()
+        if filler:
+            parse_regex(filler, ex)   # other expressions first: the body gets other ids
+        a = parse_regex(r"\S+\s+", ex)
+        answers.append(reach.begun(ex, a))
+        assert answers[-1] == min(begun_within(ex, a, reach.n), _brute_iterations(r"\S+\s+", toks) + 1)
+    assert len(calls) == 1 and len(set(answers)) == 1
+    ex = ExprSet()
+    reach.begun(ex, parse_regex("[a-z]+,", ex))
+    assert len(calls) == 2
+    other = TokenReach(TokenizerInfo.from_vocab(VOCABS["random"]()))
+    ex = ExprSet()
+    other.begun(ex, parse_regex(r"\S+\s+", ex))
+    assert len(calls) == 3
+
+
 # ------------------------------------------------------------------------------- walk states
 def _agree_on_tokens(ex: ExprSet, e: int, c: int, toks: list[bytes]) -> int:
     """Every prefix of every token: alive and accepted alike from ``e`` and ``c``. Returns how
