@@ -125,7 +125,7 @@ def test_a_body_past_the_dfa_bound_keeps_the_length_bound(monkeypatch):
 
 
 def test_the_vocabulary_pass_is_kept_per_tokenizer_by_the_bodys_dfa(monkeypatch):
-    """A compiler replaces its ExprSet every 20,000 expressions, and the ExprSet's memo goes with
+    """A compiler replaces its ExprSet every 80,000 expressions, and the ExprSet's memo goes with
     it: the same body in the next ExprSet (other ids, other nodes around it) reuses the pass's
     answer; a body with another DFA, or the same DFA with another tokenizer, makes its own."""
     import grammask.grammar.reach as reach_mod

@@ -31,15 +31,19 @@ from .membound import DEFAULT_MAX_COMPILE_MEMORY_BYTES, compile_memory_bound, mi
 from .regexset import ExprSet
 
 #: a compiler starts a new shared ExprSet once the current one holds this many expressions. The
-#: ExprSet and the caches that live on it (derivatives, lexer moves, slice proofs) grow with every
-#: distinct grammar compiled (~40 expressions, ~7 MiB per 100 distinct JSON Schemas in
-#: benchmarks/server_rss.py): this bound, not the grammar cache, is what keeps a server that sees a
-#: new schema per request flat (was 1,000,000: RSS grew ~28 MiB per 100 requests). A reset costs
-#: colder compiles until the common lexemes are rebuilt (2,000 distinct schemas: 27 -> 35 s).
-EXPRS_RESET_NODES = 20_000
-#: the room a shared ExprSet is made with: it holds 20-27k nodes (and their derivatives) when it
-#: is replaced (the 1-in-20 MaskBench pass), which from the default start took it through ~8
-#: regrowths and rehashes of its tables, 0.3 s of the pass
+#: ExprSet and the caches that live on it (derivatives, lexeme DFA rows, shared mask-cache entries,
+#: walk verdicts, slice proofs) grow with every distinct grammar compiled: this bound, not the
+#: grammar cache, is what keeps a server that sees a new schema per request bounded (was
+#: 1,000,000: RSS grew ~28 MiB per 100 requests). A reset costs colder compiles and first visits
+#: until the common lexemes (strings, numbers, whitespace) are rebuilt. 20,000 (sessions 14-33)
+#: meant a reset every ~24 schemas on MaskBench's (~800 expressions each); at 80,000 (session 34)
+#: a 1-in-20 pass resets 6 times instead of 24: TBM total -5%, TTFM total -10% (three interleaved
+#: pairs), peak RSS +65 MiB (776 -> 842); benchmarks/server_rss.py, 2,000 distinct requests:
+#: 872 -> 916 MiB. 160,000 gained little more (2 resets) for another +100 MiB.
+EXPRS_RESET_NODES = 80_000
+#: the room a shared ExprSet is made with: it held 20-27k nodes (and their derivatives) when it
+#: was replaced at 20,000 (the 1-in-20 MaskBench pass), which from the default start took it
+#: through ~8 regrowths and rehashes of its tables, 0.3 s of the pass; at 80,000 it grows once
 SHARED_EXPRS_ROOM = 1 << 16
 
 

@@ -108,10 +108,11 @@ class TokenReach:
         #: memo keys in an ExprSet (several tokenizers may share one)
         self.key = ("reach", tokenizer_info.cache_key)
         #: the vocabulary pass's answer per body DFA (a digest of its table, acceptance and least
-        #: length): the ExprSet's memo goes with the ExprSet (a compiler starts a fresh one every
-        #: 20,000 expressions), and the same bodies (a word, a string character) come back in
-        #: the next one. A 1-in-20 MaskBench pass made 78 passes of up to 20 ms (0.37 s, ~2.5%
-        #: of its mask time, inside masks) for 11 distinct DFAs.
+        #: length): the ExprSet's memo goes with the ExprSet (a compiler starts a fresh one past
+        #: EXPRS_RESET_NODES expressions), and the same bodies (a word, a string character) come
+        #: back in the next one. A 1-in-20 MaskBench pass (a reset every 20,000 expressions then)
+        #: made 78 passes of up to 20 ms (0.37 s, ~2.5% of its mask time, inside masks) for 11
+        #: distinct DFAs.
         self._by_dfa: dict[bytes, int] = {}
 
     @functools.cached_property
