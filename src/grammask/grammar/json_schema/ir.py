@@ -139,14 +139,25 @@ NOTHING = Typed()
 
 
 def is_nothing(n: Node) -> bool:
+    """Whether ``n`` accepts no value, from its structure. A union's or oneOf's answer is kept on
+    the node (``_nothing``): their parts are never changed once they are made (a ``Typed`` is
+    narrowed by :meth:`.Algebra.norm_typed` before it is put anywhere), and the intersections of
+    enums and anyOf asked it of the same big unions again and again (2.5M calls, a quarter of the
+    compile time of a 1-in-20 MaskBench pass under the profiler)."""
     if n is NOTHING:
         return True
     if isinstance(n, Typed):
         return n.empty()
     if isinstance(n, Union):
-        return all(is_nothing(o) for o in n.options)
+        r = n.__dict__.get("_nothing")
+        if r is None:
+            r = n._nothing = all(is_nothing(o) for o in n.options)
+        return r
     if isinstance(n, OneOf):
-        return is_nothing(n.context) or all(is_nothing(o) for o in n.branches)
+        r = n.__dict__.get("_nothing")
+        if r is None:
+            r = n._nothing = is_nothing(n.context) or all(is_nothing(o) for o in n.branches)
+        return r
     return False
 
 
