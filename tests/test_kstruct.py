@@ -83,7 +83,7 @@ def test_records_of_one_class_and_dtypes_share_one_constructor(monkeypatch):
     assert (MissingRequests, tuple(x.dtype for x in _rec())) in ks._ENTRIES
     b = kstruct(_rec())
     assert b._type == a._type and _sum_and_write(b, 2) == 11 and b.start_lex[2] == 20
-    monkeypatch.setattr(ks, "_CHECK", True)
+    monkeypatch.setattr(ks, "CHECK_FASTCALL", True)
     assert kstruct(_rec())._type == a._type
     odd = _rec()._replace(start_off=np.ones((2, 6))[:, ::2])   # same dtype and ndim, strided
     with pytest.raises(TypeError, match="beyond their dtypes"):

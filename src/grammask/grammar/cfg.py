@@ -30,7 +30,6 @@ the tests' reference for the compiled one.
 from __future__ import annotations
 
 import time
-
 from dataclasses import dataclass, field
 from itertools import chain
 
@@ -652,9 +651,7 @@ def _make_greedy_safe(ex, rules, root_id, fresh, merge_terminals, split_nullable
                 if not (colive[e1] >> j) & 1 or not (firsts[e1] & firsts[e2]):
                     continue
                 key = (e1, e2)
-                if work_clock() > deadline:
-                    raise GrammarTooComplexError(
-                        f"checking the grammar's lexemes took over {MAX_LOWER_SECONDS:.0f} s")
+                _check_deadline(deadline)
                 x = ext_cache.get(key)
                 if x is None:
                     x = ext_cache[key] = _extension_bytes(ex, e1, e2)

@@ -22,6 +22,12 @@ _chain_expand = FastCall(chain_expand)
 CHAIN_ROUNDS = 256
 
 
+def _clear_requests(M: MissingRequests) -> None:
+    """Empty request buffers ``M`` (their counts, and the first start set's offset)."""
+    M.counts[:] = 0
+    M.start_off[0] = 0
+
+
 class CompiledGrammar:
     """What :class:`~.matcher.GrammarMatcher` runs: immutable tables plus a lexer DFA that grows
     lazily (shared, thread-safe) as matchers meet new lexer states. ``lexer`` is the newest
@@ -47,8 +53,7 @@ class CompiledGrammar:
         stack = ParseStack(f)
         M = self.new_missing(f.n_lexemes)
         self.run(_initial_row, stack, M, (), (), "internal error: initial parser row did not settle")
-        M.counts[:] = 0
-        M.start_off[0] = 0
+        _clear_requests(M)
         #: the request buffers of the initial row, handed to the first matcher (:meth:`missing_for_matcher`)
         self._spare_missing = M
         self._template = stack   # every matcher starts from a copy (never written to)
@@ -212,8 +217,7 @@ class CompiledGrammar:
                 lx.expand_many(sorted(todo), lx.resolve_budget)
             if cnt[3]:
                 self._expand_chains(lx, M)
-            cnt[:] = 0
-            M.start_off[0] = 0
+            _clear_requests(M)
         elif status in (GROW_ITEMS, GROW_ROWS, GROW_HASH):
             stack.grow(status)
         else:  # pragma: no cover - kernels return nothing else

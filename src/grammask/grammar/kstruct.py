@@ -193,7 +193,6 @@ _ENTRIES: dict = {}
 #: ``GRAMMASK_CHECK_FASTCALL=1``: check every record's and every FastCall's argument types (the
 #: one reading of the variable: :class:`.lexdfa.FastCall` starts from it; tests toggle each)
 CHECK_FASTCALL = bool(os.environ.get("GRAMMASK_CHECK_FASTCALL"))
-_CHECK = CHECK_FASTCALL
 
 
 def kstruct(nt) -> KStruct:
@@ -211,7 +210,7 @@ def kstruct(nt) -> KStruct:
     except AttributeError:   # a scalar field: the dispatcher types the call
         key = None
     entry = _ENTRIES.get(key)
-    if entry is not None and not _CHECK:
+    if entry is not None and not CHECK_FASTCALL:
         s = entry(nt)
     else:
         mod = cls.__module__
