@@ -4,11 +4,19 @@ import random
 import re
 from itertools import product
 
+import pytest
 import regex
 
 from grammask.grammar import nodestore as ns
 from grammask.grammar.regex import parse_regex
 from grammask.grammar.regexset import EPS, ExprSet
+
+
+@pytest.fixture(autouse=True)
+def _searches(monkeypatch):
+    """Small counted intersections go to the compiled walk by default
+    (``ExprSet.counted_walk_max``): here, to the searches over pairs under test."""
+    monkeypatch.setattr(ExprSet, "counted_walk_max", -1)
 
 
 class _Unrolled(ExprSet):

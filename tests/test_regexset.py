@@ -363,13 +363,20 @@ COUNTED = [
 LETTERS = b"abcdx"
 
 
+@pytest.fixture
+def searches(monkeypatch):
+    """Small counted intersections go to the compiled walk by default
+    (``ExprSet.counted_walk_max``): to the searches over pairs, for the tests of those."""
+    monkeypatch.setattr(ExprSet, "counted_walk_max", -1)
+
+
 # each counted check is run both ways: depth first first, or the periodic layers first
 LAYERS_FIRST = {"depth_first": 10 ** 9, "layers_first": 0}
 
 
 @pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
 @pytest.mark.parametrize("k", range(len(COUNTED)))
-def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k, order):
+def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k, order, searches):
     """``x & r{lo,hi}`` and its derivatives (the states a lexer reaches: partial factors, counts
     in between) are decided by the counted check exactly as the unrolled exploration decides
     them (small counts: both finish)."""
@@ -390,6 +397,41 @@ def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k, orde
         assert ex.alive(d) == ref.alive(d_ref), (x, r, lo, hi, w)
 
 
+@pytest.mark.parametrize("undecided", [False, True])
+def test_small_counted_intersections_are_walked_as_the_unrolled_exploration(undecided, monkeypatch):
+    """By default a counted intersection with small counts (all of ``COUNTED``'s) is decided by
+    the compiled walk over its derivatives, not the searches over pairs, exactly as the unrolled
+    exploration; where the walk is undecided (stubbed here) the searches decide instead."""
+    import grammask.grammar.regexset as rs
+
+    searched = []   # intersections the searches decided
+
+    def spy(self, e, real=ExprSet._alive_counted):
+        got = real(self, e)
+        if got is not None:
+            searched.append(e)
+        return got
+
+    monkeypatch.setattr(ExprSet, "_alive_counted", spy)
+    current = []
+    if undecided:   # the walk gives up on every small counted intersection
+        real_walk = rs._py_alive
+        monkeypatch.setattr(rs, "_py_alive", lambda S, e, limit: (
+            0 if S is current[-1]._S and current[-1]._counted_small(e) else real_walk(S, e, limit)))
+    for x, r, lo, hi in COUNTED[::3]:
+        ex, ref = ExprSet(), _Unrolled()
+        current.append(ex)
+        e = ex.intersect(parse_regex(x, ex), ex.complement(ex.literal("abd")), ex.repeat(parse_regex(r, ex), lo, hi))
+        e_ref = ref.intersect(parse_regex(x, ref), ref.complement(ref.literal("abd")), ref.repeat(parse_regex(r, ref), lo, hi))
+        assert ex._counted_small(e)
+        for w in [b""] + [bytes(t) for n in range(1, 3) for t in product(LETTERS, repeat=n)]:
+            d, d_ref = e, e_ref
+            for b in w:
+                d, d_ref = ex.deriv(d, b), ref.deriv(d_ref, b)
+            assert ex.alive(d) == ref.alive(d_ref), (x, r, lo, hi, w)
+    assert bool(searched) == undecided
+
+
 @pytest.mark.parametrize("x,r,lo,hi,max_len", [
     ("ab|ba", "[ab]", 2, 2, 4), ("ab|ba", "[ab]", 3, 9, 9), ("a(ab)*", "ab|a", 1, 2, 4), ("a(ab)*", "ab", 1, 4, 8),
     ("(aab)*", "a|ab|b", 3, 3, 6), ("b(aa)*", "aa|b", 2, 4, 8), ("ab", "b?|[ab]", 3, 3, 3),
@@ -398,7 +440,7 @@ def test_alive_of_counted_intersections_matches_the_unrolled_exploration(k, orde
     ("[ab]b(ab|[bc])abba(c)?", "b*a?", 1, 2, 9), ("baba(b|a)ab[ab]", "a*b", 1, 4, 9),
 ])
 @pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
-def test_alive_of_counted_intersections_matches_brute_force(x, r, lo, hi, max_len, order):
+def test_alive_of_counted_intersections_matches_brute_force(x, r, lo, hi, max_len, order, searches):
     ex = ExprSet()
     ex.counted_layers_from = LAYERS_FIRST[order]
     e = ex.intersect(parse_regex(x, ex), ex.repeat(parse_regex(r, ex), lo, hi))
@@ -410,7 +452,7 @@ def test_alive_of_counted_intersections_matches_brute_force(x, r, lo, hi, max_le
 
 
 @pytest.mark.parametrize("order", sorted(LAYERS_FIRST))
-def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(order):
+def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(order, searches):
     import random
 
     rng = random.Random(5)
@@ -450,7 +492,7 @@ def test_alive_of_random_counted_intersections_matches_the_unrolled_exploration(
 
 
 @pytest.mark.parametrize("limit", [1, 4])
-def test_refused_most_factors_fall_back_to_the_searches(limit, monkeypatch):
+def test_refused_most_factors_fall_back_to_the_searches(limit, monkeypatch, searches):
     """With the most-factors exploration refused past ``limit`` pairs (each pair met is then
     remembered as refused), ``minLength``-shaped intersections and their derivatives are decided
     by the searches exactly as the unrolled exploration decides them."""

@@ -1011,6 +1011,37 @@ def transitions_of(S, e):
 
 
 @njit(nogil=True, cache=True)
+def counted_moves(S, x, s, r, new, out):
+    """The pairs after one byte from the pair ``(x, s)`` of a counted intersection
+    ``x & s r{..}`` (see :meth:`.ExprSet._counted_moves`): ``x2 << 32 | s2`` into ``out`` for
+    every byte class of ``x`` and of ``s`` (or, ``new`` and ``s`` nullable, of the factor ``r``
+    begun: then ``s2`` is ``r``'s derivative) where ``x2`` is neither empty nor known dead and
+    ``s2`` is not empty; returns their number (-1: out of room)."""
+    s0 = r if new else s
+    parts = S.tw
+    liv = S.liv
+    parts[0, :] = ~np.uint64(0)
+    np_ = _classes(S, x, parts, 1)
+    np_ = _classes(S, s0, parts, np_)
+    n = 0
+    for j in range(np_):
+        b = _lowbit(parts[j, 0], parts[j, 1], parts[j, 2], parts[j, 3])
+        x2 = deriv(S, x, b)
+        if x2 < 0:
+            return -1
+        if x2 == EMPTY or liv[x2] == DEAD:
+            continue
+        s2 = deriv(S, s0, b)
+        if s2 < 0:
+            return -1
+        if s2 == EMPTY:
+            continue
+        out[n] = x2 << 32 | s2
+        n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
 def ladder_next(S, e, n):
     """The next rung of ``e`` whose transitions are ``S.tw[:n]``/``S.tt[:n]`` (see
     :meth:`.regexset.ExprSet.ladder_next`, the same rule), or -1."""
@@ -1440,3 +1471,8 @@ def py_literal(S, data):
 @njit(nogil=True, cache=True)
 def py_transitions(S, e):
     return _ret(S, transitions_of(S, e))
+
+
+@njit(nogil=True, cache=True)
+def py_counted_moves(S, x, s, r, new, out):
+    return _ret(S, counted_moves(S, x, s, r, new, out))

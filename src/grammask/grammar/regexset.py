@@ -66,6 +66,9 @@ COUNTS_PAIRS = 600
 NEED_REFUSED = -3          # past NEED_EXACT_PAIRS / COUNTS_PAIRS (kept in the memo, not the table)
 MOST_UNBOUNDED = 1 << 62   # _counted_most: words with any number of factors
 MOST_REFUSED = -2          # _counted_most: the pair's graph was past the exploration's limit
+#: counted intersections whose counts (minimum, finite maximum) are all at most this are decided
+#: by the compiled walk over their derivatives first (:meth:`ExprSet._counted_small`)
+COUNTED_WALK_MAX = 16
 #: pairs the most-factors exploration may meet when it is tried first (a minLength check); past it
 #: the searches decide, and every pair met is remembered as refused (its next states skip it)
 MOST_FIRST_PAIRS = 300
@@ -98,6 +101,7 @@ _LIST_TAG = {_py_concat: 1, _py_alt: 2, _py_intersect: 3}
 _py_deriv = FastCall(ns.py_deriv)
 _py_literal = FastCall(ns.py_literal)
 _py_transitions = FastCall(ns.py_transitions)
+_py_counted_moves = FastCall(ns.py_counted_moves)
 _need_put = FastCall(ns.need_put)
 _need_rehash = FastCall(ns.need_rehash)
 _rehash = ns.rehash
@@ -205,6 +209,8 @@ class ExprSet:
     #: counted intersections (:meth:`_alive_counted`) with a minimum count from this on are
     #: decided by the periodic layers first: depth first needs at least that many states
     counted_layers_from = 16
+    #: see :meth:`_counted_small` (-1: every counted intersection to the searches over pairs)
+    counted_walk_max = COUNTED_WALK_MAX
 
     def __init__(self, max_nodes: int = 2_000_000, max_alive_states: int = 20_000, *,
                  initial_nodes: int | None = None):
@@ -233,6 +239,7 @@ class ExprSet:
         self._derivs_seen = 0               # the store's derivative count at the last charge
         self._mv = (None,) * 10             # memoryviews of the store's arrays (see _views)
         self._deriv: dict[int, int] = {}    # e << 8 | byte -> derivative (asked for from Python)
+        self._moves_out = np.zeros(256, np.int64)   # the pairs of one _counted_moves
         self._bytes_ids: dict[int, int] = {}   # byte mask -> its byte set
         self._literals: dict[bytes, int] = {}   # literal() of two bytes or more (bounded)
         self._concats: dict[int, int] = {}      # a << 32 | b -> concat(a, b) (bounded)
@@ -675,8 +682,13 @@ class ExprSet:
             # derivatives decided before (here or by earlier walks: the store keeps both)
             r = self._call(_py_alive, e, self.max_alive_states)
             if r == 0:
-                raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
-            r = r == 2
+                # undecided: a small counted intersection (:meth:`_counted_small`) left to the
+                # walk goes to the searches over pairs after all
+                r = self._alive_counted(e) if self.kind[e] == AND else None
+                if r is None:
+                    raise GrammarTooComplexError("emptiness check of a regex intersection/complement exceeded its state bound")
+            else:
+                r = r == 2
         self._alive[e] = r
         self._S.liv[e] = ns.LIVE if r else ns.DEAD
         return r
@@ -685,7 +697,9 @@ class ExprSet:
         """Emptiness from the structure where that is exact (None: explore the automaton).
         Concatenations, unions and repeats reduce to their parts; ``x & .{lo,hi}`` with ``x``
         free of intersections/complements (length bounds of formats, ``maxLength``) is decided
-        by the shortest word of ``x``, which avoids exploring the product automaton."""
+        by the shortest word of ``x``, which avoids exploring the product automaton. Other
+        intersections with a counter go to the searches over pairs (:meth:`_alive_counted`),
+        but those whose counts are small to the compiled walk (:meth:`_counted_small`)."""
         k = self.kind[e]
         if k == CONCAT:
             while self.kind[e] == CONCAT:
@@ -709,7 +723,7 @@ class ExprSet:
                     if n >= lo:
                         return True
         if k == AND:
-            return self._alive_counted(e)
+            return None if self._counted_small(e) else self._alive_counted(e)
         return None
 
     def head_and_repeat(self, c: int):
@@ -739,6 +753,19 @@ class ExprSet:
         if self._nullable[r]:
             lo = 0   # empty factors pad any count up to ``lo``
         return p, r, lo, hi
+
+    def _counted_small(self, e: int) -> bool:
+        """Whether the intersection ``e`` has a counted part (:meth:`_counted_part`) and none
+        counts past :data:`COUNTED_WALK_MAX`: its derivatives then differ in at most that many
+        counts, and the compiled walk over them (:meth:`alive`) is cheaper than the searches
+        over pairs (Github_hard---o69972's ``email & pattern & .{6,}``: 85 ms of Python searches
+        in one first visit, 5 ms walked)."""
+        most = -1
+        for c in self.args[e]:
+            cp = self._counted_part(c)
+            if cp is not None:
+                most = max(most, cp[2], cp[3])
+        return 0 <= most <= self.counted_walk_max
 
     def _alive_counted(self, e: int) -> bool | None:
         """Emptiness of ``x & p r{lo,hi}`` (``p``, ``r`` free of intersections/complements,
@@ -1158,20 +1185,16 @@ class ExprSet:
             layers.append(layer)
         return self._counted_least(layer, r, lo, hi)
 
-    def _counted_moves(self, k: int, r: int, new: bool):
+    def _counted_moves(self, k: int, r: int, new: bool) -> list[int]:
         """Pairs ``x2 << 32 | s2`` after one byte from the pair ``k = x << 32 | s``: continuing
-        ``s``, or (``new``, for a nullable ``s``) beginning a factor ``r``."""
-        x1, s1 = k >> 32, k & 0xFFFFFFFF
-        s0 = r if new else s1
-        deriv, fm, dead = self.deriv, self._first_masks, self._alive
-        for m in self._partition(_union(fm(x1), fm(s0))):
-            b = _lowbit(m)
-            x2 = deriv(x1, b)
-            if x2 == EMPTY or dead.get(x2) is False:
-                continue
-            s2 = deriv(s0, b)
-            if s2 != EMPTY:
-                yield x2 << 32 | s2
+        ``s``, or (``new``, for a nullable ``s``) beginning a factor ``r``; one per byte class
+        of both parts where the derivative of ``x`` is not empty nor known dead and that of the
+        other part not empty. Compiled (:func:`.nodestore.counted_moves`): the searches over
+        pairs below make thousands of moves in a first visit (a ``maxLength`` over a format), at
+        ~20 us each in Python (sessions to 34), the slowest masks of MaskBench."""
+        out = self._moves_out
+        n = self._call(_py_counted_moves, k >> 32, k & 0xFFFFFFFF, r, 1 if new else 0, out)
+        return out[:n].tolist()
 
     def _counted_bound(self, k: int, r: int):
         """Factors of ``r`` known to suffice from the pair ``k`` to a word (0 where both parts
