@@ -363,6 +363,26 @@ COUNTED = [
 LETTERS = b"abcdx"
 
 
+@pytest.mark.parametrize("pattern,want", [
+    ("abc", 3), ("a|bc|", 0), ("(ab){3,7}c", 7), ("(ab|c){2,}d?", 2), ("(a{0,3}b){4}", 4), ("x*", 0),
+    ("[^a]{5}(q|rs)*", 5), ("(((ab){2}c){3}|d{20})e", 16), ("a{3}(b|cd){0,9}", 3),
+])
+def test_min_length_is_the_shortest_word(pattern, want):
+    """The compiled shortest-word length (nodestore.min_length_of) of hand-checked patterns, of
+    the empty language, and of every sub-expression of a large alternation (an enum) against
+    the shortest of its words; an intersection inside is refused."""
+    ex = ExprSet()
+    assert ex.min_length(parse_regex(pattern, ex)) == want
+    assert ex.min_length(ex.EMPTY) == float("inf")
+    assert ex.min_length(ex.concat(ex.literal("ab"), ex.EMPTY)) == float("inf")
+    words = ["w%d%s" % (i, "x" * (i % 7)) for i in range(300)]
+    enum = ex.alt(*[ex.literal(w) for w in words])
+    assert ex.min_length(enum) == min(len(w) for w in words)
+    assert ex.min_length(ex.repeat(enum, 3, 5)) == 3 * min(len(w) for w in words)
+    with pytest.raises(ValueError):
+        ex.min_length(ex.concat(ex.literal("a"), ex.intersect(parse_regex("a+", ex), parse_regex("a{2}", ex))))
+
+
 @pytest.fixture
 def searches(monkeypatch):
     """Small counted intersections go to the compiled walk by default

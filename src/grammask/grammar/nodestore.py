@@ -1041,6 +1041,87 @@ def counted_moves(S, x, s, r, new, out):
     return n
 
 
+#: :func:`min_length_of` of an expression without words
+MINLEN_INF = 1 << 62
+
+
+@njit(nogil=True, cache=True)
+def min_length_of(S, e, memo):
+    """The length of the shortest word of ``e`` (:data:`MINLEN_INF`: none), memoised per node in
+    ``memo`` (-1: not known; at least as long as the store's nodes); -2 when the expression holds
+    an intersection or complement where the length depends on it. Post order over the DAG (a
+    repetition with no minimum is 0 without its body)."""
+    kind = S.kind
+    sa = S.a
+    sb = S.b
+    pool = S.pool
+    stack = np.empty(64, np.int64)
+    stack[0] = e
+    sp = 1
+    while sp > 0:
+        x = stack[sp - 1]
+        if memo[x] >= 0:
+            sp -= 1
+            continue
+        k = kind[x]
+        if k == EMPTY:
+            memo[x] = MINLEN_INF
+        elif k == EPS:
+            memo[x] = 0
+        elif k == BYTES:
+            memo[x] = 1
+        elif k == AND or k == NOT:
+            return -2
+        elif k == REPEAT and sb[x] == 0:
+            memo[x] = 0
+        else:
+            # children first
+            if k == CONCAT:
+                nk = 2
+            elif k == OR:
+                nk = sb[x]
+            else:
+                nk = 1
+            pushed = False
+            for j in range(nk):
+                if k == CONCAT:
+                    y = sa[x] if j == 0 else sb[x]
+                elif k == OR:
+                    y = pool[sa[x] + j]
+                else:
+                    y = sa[x]
+                if memo[y] < 0:
+                    if sp == stack.shape[0]:
+                        stack = _grow1(stack)
+                    stack[sp] = y
+                    sp += 1
+                    pushed = True
+            if pushed:
+                continue
+            if k == CONCAT:
+                r = memo[sa[x]] + memo[sb[x]]
+                if r > MINLEN_INF:
+                    r = MINLEN_INF
+            elif k == OR:
+                r = MINLEN_INF
+                for j in range(nk):
+                    m = memo[pool[sa[x] + j]]
+                    if m < r:
+                        r = m
+            else:
+                m = memo[sa[x]]
+                lo = sb[x]
+                if m >= MINLEN_INF:
+                    r = MINLEN_INF
+                elif m > 0 and lo > MINLEN_INF // m:
+                    r = MINLEN_INF
+                else:
+                    r = lo * m
+            memo[x] = r
+        sp -= 1
+    return memo[e]
+
+
 @njit(nogil=True, cache=True)
 def ladder_next(S, e, n):
     """The next rung of ``e`` whose transitions are ``S.tw[:n]``/``S.tt[:n]`` (see

@@ -102,6 +102,7 @@ _py_deriv = FastCall(ns.py_deriv)
 _py_literal = FastCall(ns.py_literal)
 _py_transitions = FastCall(ns.py_transitions)
 _py_counted_moves = FastCall(ns.py_counted_moves)
+_min_length_of = FastCall(ns.min_length_of)
 _need_put = FastCall(ns.need_put)
 _need_rehash = FastCall(ns.need_rehash)
 _rehash = ns.rehash
@@ -240,6 +241,7 @@ class ExprSet:
         self._mv = (None,) * 10             # memoryviews of the store's arrays (see _views)
         self._deriv: dict[int, int] = {}    # e << 8 | byte -> derivative (asked for from Python)
         self._moves_out = np.zeros(256, np.int64)   # the pairs of one _counted_moves
+        self._minlen_arr = np.full(0, -1, np.int64)   # node -> min_length (-1: not known), compiled
         self._bytes_ids: dict[int, int] = {}   # byte mask -> its byte set
         self._literals: dict[bytes, int] = {}   # literal() of two bytes or more (bounded)
         self._concats: dict[int, int] = {}      # a << 32 | b -> concat(a, b) (bounded)
@@ -1553,27 +1555,19 @@ class ExprSet:
         r = self._minlen.get(e)
         if r is not None:
             return r
-        k = self.kind[e]
-        if k == EMPTY:
-            r = float("inf")
-        elif k == EPS:
-            r = 0
-        elif k == BYTES:
-            r = 1
-        elif k == CONCAT:
-            r = 0
-            x = e
-            while self.kind[x] == CONCAT:
-                a, x = self.args[x]
-                r += self.min_length(a)
-            r += self.min_length(x)
-        elif k == OR:
-            r = min(self.min_length(x) for x in self.args[e])
-        elif k == REPEAT:
-            x, lo, _ = self.args[e]
-            r = 0 if lo == 0 else lo * self.min_length(x)
-        else:
+        # compiled, over the store's arrays (:func:`.nodestore.min_length_of`): the first
+        # question about a large enum or alternation walked thousands of nodes here, 16 ms in
+        # one mask of Github_hard---o79409's
+        memo = self._minlen_arr
+        n = len(self.kind)
+        if memo.shape[0] < n:
+            new = np.full(max(2 * n, 1024), -1, np.int64)
+            new[:memo.shape[0]] = memo
+            memo = self._minlen_arr = new
+        v = _min_length_of(self._S, e, memo)
+        if v == -2:
             raise ValueError("min_length of an intersection or complement")
+        r = float("inf") if v >= ns.MINLEN_INF else int(v)
         self._minlen[e] = r
         return r
 
