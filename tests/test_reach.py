@@ -134,7 +134,7 @@ def test_the_vocabulary_pass_is_kept_per_tokenizer_by_the_bodys_dfa(monkeypatch)
     orig = reach_mod._most_iterations
 
     def counting(*a):
-        calls.append(a[3].shape[0])
+        calls.append(a[4].shape[0])
         return orig(*a)
 
     monkeypatch.setattr(reach_mod, "_most_iterations", counting)

@@ -13,8 +13,9 @@ the exact question for a tokenizer: the most whole iterations of ``a`` (each a n
 middle of an iteration, and read a prefix of it). Every string a walk reads is a prefix of a
 token, and the iterations it reads in one counter are a factor of it, so the bound holds for
 them. Found with the body's DFA (derivatives, at most :data:`MAX_BODY_STATES` states) and one
-compiled pass over the vocabulary's bytes (:func:`_most_iterations`), longest tokens first, so
-that the pass stops once no shorter token can hold more; memoised per body in the ExprSet.
+compiled pass over the token trie (:func:`_most_iterations`: a prefix tokens share is read
+once, and a subtree whose tokens are too short to hold more is skipped); memoised per body in the
+ExprSet, and per body DFA in the tokenizer's :class:`TokenReach`.
 
 See docs/lexer.md, "Walk states". tests/test_reach.py checks the bound against a brute force
 over every factor of every token, and the masks from walk states against exact ones.
@@ -41,60 +42,87 @@ _LOCK = threading.Lock()
 
 
 @njit(nogil=True, cache=True)
-def _most_iterations(data, offsets, order, table, accept, minlen, best):
-    """The most whole non-empty iterations of a body (DFA ``table``/``accept``, start state 0)
-    that follow one another inside one token, at least ``best``. ``order``: token indices,
-    longest first; a token of ``L`` bytes holds at most ``L // minlen`` iterations, so the pass
-    stops at the first token too short to beat ``best``.
+def _subtree_depths(node_depth, node_end):
+    """The greatest depth in each node's subtree of a token trie: the longest token below it
+    (every leaf of the trie ends a token)."""
+    n = node_depth.shape[0]
+    out = node_depth.astype(np.int64)
+    for i in range(n - 1, -1, -1):
+        # the nodes of i's subtree follow it, up to node_end[i]: its children's answers are
+        # final by now, and the first child is i + 1, the next one at that child's end, ...
+        c = i + 1
+        while c < node_end[i]:
+            if out[c] > out[i]:
+                out[i] = out[c]
+            c = node_end[c]
+    return out
 
-    Per position, ``cnt[s]`` is the most iterations completed by a factor ending here in state
-    ``s`` of the current iteration (-1: none; the states with one are listed in ``act``). A
-    factor may begin at every position (state 0, none completed); an accepting state may close
-    its iteration (state 0 again, one more)."""
+
+@njit(nogil=True, cache=True)
+def _most_iterations(node_byte, node_depth, node_end, sub_max, table, accept, minlen, best):
+    """The most whole non-empty iterations of a body (DFA ``table``/``accept``, start state 0)
+    that follow one another inside one token, at least ``best``: one pass over the token trie
+    (flat, preorder: :mod:`.toktrie`), so a prefix that tokens share is read once (Llama-3:
+    275k nodes for 831k bytes of tokens). A subtree whose longest token holds at most
+    ``best`` iterations (``sub_max // minlen``) is skipped.
+
+    Per trie depth ``d``, ``cnt[d, s]`` is the most iterations completed by a factor of the
+    node's path (the prefix read so far) ending at its end in state ``s`` of the current
+    iteration (-1: none; the states with one listed in ``act[d]``); a node's row is made from
+    its parent's, one depth up, which stays as it is while the node's subtree is read. A factor
+    may begin at every position (state 0, none completed); an accepting state may close its
+    iteration (state 0 again, one more)."""
     n_states = table.shape[0]
-    cnt = np.full(n_states, -1, np.int64)
-    nxt = np.full(n_states, -1, np.int64)
-    act = np.empty(n_states, np.int64)
-    act2 = np.empty(n_states, np.int64)
-    for k in range(order.shape[0]):
-        t = order[k]
-        lo = offsets[t]
-        hi = offsets[t + 1]
-        if (hi - lo) // minlen <= best:
-            break
-        n_act = 0
-        for i in range(lo, hi):
-            if cnt[0] < 0:
-                cnt[0] = 0
-                act[n_act] = 0
-                n_act += 1
-            b = data[i]
-            n2 = 0
-            for a in range(n_act):
-                s = act[a]
-                c = cnt[s]
-                cnt[s] = -1
-                j = table[s, b]
-                if j < 0:
-                    continue
-                if nxt[j] < 0:
-                    act2[n2] = j
-                    n2 += 1
-                if c > nxt[j]:
-                    nxt[j] = c
-                if accept[j]:
-                    if c + 1 > best:
-                        best = c + 1
-                    if nxt[0] < 0:
-                        act2[n2] = 0
-                        n2 += 1
-                    if c + 1 > nxt[0]:
-                        nxt[0] = c + 1
-            cnt, nxt = nxt, cnt
-            act, act2 = act2, act
-            n_act = n2
-        for a in range(n_act):
-            cnt[act[a]] = -1
+    n = node_byte.shape[0]
+    depth = 0
+    for i in range(n):
+        if node_depth[i] > depth:
+            depth = node_depth[i]
+    cnt = np.full((depth + 1, n_states), -1, np.int64)
+    act = np.empty((depth + 1, n_states), np.int64)
+    n_act = np.zeros(depth + 1, np.int64)
+    i = 1   # the root (node 0) is the empty prefix: no state yet
+    while i < n:
+        if sub_max[i] // minlen <= best:
+            i = node_end[i]
+            continue
+        d = node_depth[i]
+        b = node_byte[i]
+        row = cnt[d]
+        arow = act[d]
+        for a in range(n_act[d]):
+            row[arow[a]] = -1
+        k = 0
+        prow = cnt[d - 1]
+        parow = act[d - 1]
+        # the parent's states, and state 0 begun here (none completed) where it has no count
+        m = n_act[d - 1]
+        begin = prow[0] < 0
+        for a in range(m + (1 if begin else 0)):
+            if a < m:
+                s = parow[a]
+                c = prow[s]
+            else:
+                s = 0
+                c = 0
+            j = table[s, b]
+            if j < 0:
+                continue
+            if row[j] < 0:
+                arow[k] = j
+                k += 1
+            if c > row[j]:
+                row[j] = c
+            if accept[j]:
+                if c + 1 > best:
+                    best = c + 1
+                if row[0] < 0:
+                    arow[k] = 0
+                    k += 1
+                if c + 1 > row[0]:
+                    row[0] = c + 1
+        n_act[d] = k
+        i += 1
     return best
 
 
@@ -116,17 +144,12 @@ class TokenReach:
         self._by_dfa: dict[bytes, int] = {}
 
     @functools.cached_property
-    def _tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(bytes, offsets, indices longest first) of the tokens a walk reads: built at the
-        first body that needs the pass, not with the first matcher."""
-        tb = self._info.token_bytes
-        ids = np.unique(np.asarray(self._info.trie.tok_ids, dtype=np.int64))
-        toks = [tb[i] for i in ids.tolist()]
-        lens = np.fromiter((len(b) for b in toks), dtype=np.int64, count=len(toks))
-        offsets = np.zeros(len(toks) + 1, np.int64)
-        np.cumsum(lens, out=offsets[1:])
-        data = np.frombuffer(b"".join(toks), dtype=np.uint8)
-        return data, offsets, np.argsort(-lens, kind="stable").astype(np.int64)
+    def _tokens(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """The token trie's arrays that the pass reads (bytes, depths, subtree ends) and the
+        longest token under each node: made at the first body that needs the pass, not with the
+        first matcher."""
+        t = self._info.trie
+        return t.node_byte, t.node_depth, t.node_end, _subtree_depths(t.node_depth, t.node_end)
 
     def begun(self, ex: ExprSet, a: int) -> int:
         """How many iterations of ``a`` a string that a walk reads (a prefix of a token) can
