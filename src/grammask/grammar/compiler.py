@@ -43,8 +43,12 @@ from .regexset import ExprSet
 EXPRS_RESET_NODES = 80_000
 #: the room a shared ExprSet is made with: it held 20-27k nodes (and their derivatives) when it
 #: was replaced at 20,000 (the 1-in-20 MaskBench pass), which from the default start took it
-#: through ~8 regrowths and rehashes of its tables, 0.3 s of the pass; at 80,000 it grows once
-SHARED_EXPRS_ROOM = 1 << 16
+#: through ~8 regrowths and rehashes of its tables, 0.3 s of the pass. At 80,000 a start of
+#: 1 << 16 still grew once, past 65,536 nodes, inside whatever mask made that node (a 16 ms
+#: rehash in Github_ultra---o21135's slowest one): 1 << 17 holds the ExprSet up to its reset.
+#: No more memory at the peak (the tables reached that size anyway; untouched pages of the
+#: zeroed arrays are not resident)
+SHARED_EXPRS_ROOM = 1 << 17
 
 
 #: no full garbage collection while a grammar compiles (see :func:`_collector_paused`)
