@@ -629,6 +629,9 @@ def summarize(name: str, results: list[dict], splits: list[str], ids: list[str] 
             last = r["peak_rss_mib"]
     s["rss_rises"] = sorted(rises, reverse=True)[:3]
     s["gc_pauses_ms"] = sorted(p for r in results for p in r.get("gc_pauses_ms", ()))
+    # the schemas during which the longest full collections ran (to rerun them alone)
+    s["gc_worst"] = sorted(((max(r["gc_pauses_ms"]), sid) for r, sid in zip(results, ids or [""] * len(results))
+                            if r.get("gc_pauses_ms")), reverse=True)[:4]
     s["jit"] = sorted(((r["jit_compiles"], sid) for r, sid in zip(results, ids or [""] * len(results))
                        if r.get("jit_compiles")), reverse=True)
     # the schemas of the slowest masks (each schema once)
@@ -744,6 +747,10 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
               "Pauses are timed over each schema's compile, masks and key-order searches; one that falls "
               "inside a timed mask is part of that mask's time.", "",
               md_table(["engine", "collections", "total (s)", "p50 (ms)", "longest (ms)", "over 50 ms"], rows), ""]
+    worst = [f"{s['engine']}: " + ", ".join(f"{sid} ({ms:,.1f} ms)" for ms, sid in s["gc_worst"])
+             for s in summaries if s.get("gc_worst")]
+    if worst:
+        lines += ["Longest collections, by the schema they ran in: " + "; ".join(worst) + ".", ""]
     for s in summaries:
         if s.get("jit"):
             lines += [f"**{s['engine']}: {sum(n for n, _ in s['jit'])} Numba compilations while schemas ran** "

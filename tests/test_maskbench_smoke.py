@@ -100,3 +100,8 @@ def test_numba_compilations_while_timing_are_counted_and_reported():
     assert "Numba compilations" not in report([quiet], args, 2, 1.0)
     text = report([stale], args, 2, 1.0)
     assert "3 Numba compilations while schemas ran" in text and "s2" in text
+    # the schemas the longest full collections ran in are named (to rerun them alone)
+    assert "Longest collections" not in text
+    paused = summarize("grammask", [dict(base, jit_compiles=0, gc_pauses_ms=[3.0]),
+                                    dict(base, jit_compiles=0, gc_pauses_ms=[1.0, 64.5])], ["a", "a"], ["s1", "s2"])
+    assert "Longest collections, by the schema they ran in: grammask: s2 (64.5 ms), s1 (3.0 ms)." in report([paused], args, 2, 1.0)
