@@ -74,10 +74,7 @@ def _most_iterations(node_byte, node_depth, node_end, sub_max, table, accept, mi
     iteration (state 0 again, one more)."""
     n_states = table.shape[0]
     n = node_byte.shape[0]
-    depth = 0
-    for i in range(n):
-        if node_depth[i] > depth:
-            depth = node_depth[i]
+    depth = sub_max[0]   # the root's subtree: the longest token
     cnt = np.full((depth + 1, n_states), -1, np.int64)
     act = np.empty((depth + 1, n_states), np.int64)
     n_act = np.zeros(depth + 1, np.int64)
