@@ -113,3 +113,25 @@ def test_a_reference_is_the_rule_of_its_target():
     for doc, ok in (('{"kids": [{"kids": []}, {"kids": [{}]}]}', True), ('{"kids": [{"kid": []}]}', False)):
         m = GrammarMatcher(cg)
         assert (m.accept_string(doc) and m.can_terminate()) == ok, doc
+
+
+@pytest.mark.parametrize("base", [None, "https://example.com/s/root.json", "https://example.com/s/a.json#frag",
+                                  "urn:example:thing", "file:///tmp/x.json?q=1"])
+def test_reference_urls_are_urljoin_and_urldefrag(base):
+    """The registry's own reading of ``$ref`` URLs (a fast path for fragments of the root
+    document, a memo per document otherwise) gives what ``urljoin`` and ``urldefrag`` give."""
+    from urllib.parse import urldefrag, urljoin
+
+    from grammask.grammar.json_schema.refs import RefRegistry
+
+    reg = RefRegistry({"$defs": {"a": {"type": "integer"}}}, 2020)
+    base = reg.base0 if base is None else base
+    for ref in ["#/$defs/a", "#a", "#/a#b", "#%2Fx", "#/d/a%20b", "#/~1x", "#", "", "other.json",
+                "other.json#/x", "../up.json#anchor", "https://elsewhere.org/x.json#/y", "#/$defs/a"]:
+        full = urljoin(base, ref)
+        url, frag = urldefrag(full)
+        assert reg._ref_url(base, ref) == (full, url, frag), ref
+    assert reg._defrag(base) == tuple(urldefrag(base))
+    other = RefRegistry({}, 2020)
+    assert (base, "other.json") in reg._urls and (base, "other.json") not in other._urls, \
+        "a memo shared by documents (it lived as long as the process)"

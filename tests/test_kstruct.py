@@ -8,7 +8,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from grammask.grammar.earley import MissingRequests
-from grammask.grammar.kstruct import KStruct, kstruct
+from grammask.grammar.kstruct import KStruct, kstruct, pack, unpack
 
 # An engine tuple (MissingRequests: states start_lex start_off counts chains) holding arrays of the
 # test's own: kstruct's cached constructor keeps the tuple class of every record it made, so the
@@ -65,6 +65,34 @@ def test_a_record_keeps_its_arrays_alive():
     r = kstruct(_rec())
     gc.collect()
     assert _sum_and_write(r, 2) == 11 and r.start_lex[2] == 20
+
+
+def test_a_packed_record_is_untracked_and_unpacks_to_the_same_arrays():
+    import gc
+    import weakref
+
+    t = _rec()
+    refs = [weakref.ref(a) for a in t]
+    p = pack(kstruct(t))
+    del t                     # the packed form alone holds the arrays (its MemInfo and its fields)
+    gc.collect()
+    gc.collect()
+    assert not gc.is_tracked(p), "a full collection walks every packed record a cache holds"
+    r = unpack(p)
+    assert isinstance(r, KStruct) and r._fields == MissingRequests._fields
+    assert type(r._tuple) is MissingRequests and all(a is x() for a, x in zip(r, refs))
+    assert r.start_lex is refs[1]() and r[0] is refs[0]()
+    assert _sum_and_write(r, 2) == 10 + 1 and refs[1]()[2] == 20
+    r2 = unpack(p)            # another proxy of the same payload
+    assert r2 is not r and _sum_and_write(r2, 3) == 10 + 1 and r.start_lex[3] == 30
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        del r, r2, p
+        assert all(x() is None for x in refs)   # freed by their counts, no collector needed
+    finally:
+        if was:
+            gc.enable()
 
 
 def test_a_record_of_other_array_types_is_another_type():

@@ -809,3 +809,24 @@ def test_dense_dfa_equals_the_derivatives_byte_by_byte(pattern):
     assert sorted(expr) == list(range(table.shape[0]))
     assert len(set(expr.values())) == table.shape[0]
     assert ex.dense_dfa(e, 2) is None
+
+
+def test_node_arguments_are_read_again_past_the_memos_bound(monkeypatch):
+    """``ExprSet.args`` keeps at most ``NODE_ARGS_MEMO`` nodes (a dict the collector walks whole):
+    past it the memo starts again, and a node read again gives the same arguments."""
+    import grammask.grammar.regexset as regexset
+
+    ex = ExprSet()
+    roots = [parse_regex(p, ex) for p in ("(ab|c)*d{2,5}", "[a-c]+&~(abc)", "x(y|z){0,3}w?")]
+    roots.append(ex.deriv(roots[0], ord("a")))
+    n = len(ex.kind)
+    assert n > 8
+    want = [ex.args[e] for e in range(n)]
+    monkeypatch.setattr(regexset, "NODE_ARGS_MEMO", 3)
+    ex.args.clear()
+    for order in (range(n), reversed(range(n)), range(0, n, 2)):
+        for e in order:
+            assert ex.args[e] == want[e], e
+            assert len(ex.args) <= 3
+    with pytest.raises(IndexError):
+        ex.args[n + 10]

@@ -379,6 +379,24 @@ def test_entries_shared_across_grammars_map_their_lexemes(llama3, cache_every_st
     assert plain1.mask_cache_of(plain1.lexer).n_cached == 0
 
 
+def test_shared_entries_are_untracked_by_the_collector(llama3, cache_every_state):
+    """The shared entries live as long as the ExprSet: packed, a full collection stops walking
+    them (as records each was four tracked objects)."""
+    import gc
+
+    info, tk = llama3
+    comp = GrammarCompiler(info, cache_size=0)
+    cg = comp.compile_json_schema(SHARED_SCHEMAS[0])
+    plain = GrammarCompiler(info, cache_size=0).compile_json_schema(SHARED_SCHEMAS[0])
+    plain.mask_cache_of(plain.lexer).max_bytes = 0
+    _walk_pair(info, tk, cg, plain, SHARED_TEXTS[0], 3)
+    shared = cg.mask_cache_of(cg.lexer).shared.entries
+    assert shared
+    for _ in range(3):
+        gc.collect()
+    assert not any(gc.is_tracked(v) for v in shared.values())
+
+
 def test_shared_entries_are_bounded(llama3, cache_every_state, monkeypatch):
     info, tk = llama3
     monkeypatch.setattr(state_cache, "MAX_SHARED_BYTES", 0)

@@ -43,7 +43,7 @@ import numpy as np
 from numba import njit
 
 from .earley import MISSING, OK
-from .kstruct import kstruct
+from .kstruct import kstruct, pack, unpack
 from .lexdfa import grown
 from .mask import FastCall, NestedStore, StateCache, _nested_slot
 
@@ -356,8 +356,12 @@ class SharedEntries:
 
     def __init__(self, forest):
         self.forest = forest
-        #: key -> (the entry's kernel record (:data:`~.mask.StateCache`), the pattern of each of
-        #: its accepted sets (a tuple of member positions))
+        #: key -> (the entry's kernel record (:data:`~.mask.StateCache`) packed
+        #: (:func:`~.kstruct.pack`), the pattern of each of its accepted sets (a tuple of member
+        #: positions)). Packed, an entry is plain tuples of untracked objects, which the garbage
+        #: collector stops tracking after a pass or two: this cache lives as long as the ExprSet,
+        #: holds thousands of entries, and as records they were four fifths of what every full
+        #: collection walked in a serving process (docs/mask.md, section 5c)
         self.entries: dict = {}
         self.nbytes = 0
         self.lock = threading.Lock()
@@ -368,7 +372,7 @@ class SharedEntries:
         if self.nbytes < MAX_SHARED_BYTES:
             with self.lock:
                 if key not in self.entries:
-                    self.entries[key] = (C, patterns)
+                    self.entries[key] = (pack(C), patterns)
                     self.nbytes += nbytes + ENTRY_BYTES
 
 
@@ -539,7 +543,7 @@ class StateMaskCache:
         sh = self.shared.entries.get(key)
         if sh is None:
             return None, None
-        C, patterns = sh
+        packed, patterns = sh
         memo = self._acc_memo
         ids = []
         for p in patterns:
@@ -554,7 +558,7 @@ class StateMaskCache:
             self.nbytes += acc.nbytes + ENTRY_BYTES
             self.n_cached += 1
             self.n_adopted += 1
-        return C, acc
+        return unpack(packed), acc
 
     def _build(self, s: int, flags: np.ndarray, combo: int):
         """(the entry of state ``s`` (skip ``flags``, their ``combo``), the ids of its accepted

@@ -1,7 +1,6 @@
 """The ``$ref`` registry of one schema document: resources (``$id``), anchors, and resolution."""
 from __future__ import annotations
 
-from functools import lru_cache
 from urllib.parse import unquote, urldefrag, urljoin
 
 from ...errors import InvalidSchemaError, UnsupportedSchemaError
@@ -9,20 +8,9 @@ from ...errors import InvalidSchemaError, UnsupportedSchemaError
 __all__ = ["RefRegistry"]
 
 
-@lru_cache(maxsize=4096)
 def _urldefrag(url: str) -> tuple[str, str]:
-    """``urldefrag`` (slow in CPython) for the few base URIs a schema has."""
     r = urldefrag(url)
     return r[0], r[1]
-
-
-@lru_cache(maxsize=4096)
-def _ref_url(base: str, ref: str) -> tuple[str, str, str]:
-    """``(full, url, fragment)`` of ``$ref`` ``ref`` read against ``base`` (``urljoin`` is slow in
-    CPython, and a schema repeats the same few references)."""
-    full = urljoin(base, ref)
-    url, frag = _urldefrag(full)
-    return full, url, frag
 
 
 #: keywords whose values are instance data, never schemas (not indexed)
@@ -43,7 +31,29 @@ class RefRegistry:
         self.anchors: dict[str, tuple] = {}
         self.dynamic_anchors: dict[str, set] = {}   # $dynamicAnchor name -> resources declaring it
         self.recursive_anchors: set = set()         # resources with "$recursiveAnchor": true
+        #: ``urldefrag`` and ``urljoin`` results (slow in CPython, and a schema repeats the same
+        #: few references) of this document: a process-wide memo held thousands of them for
+        #: good, which every full collection of a serving process walked
+        self._urls: dict = {}
         self._index(root, self.base0, True)
+
+    def _defrag(self, url: str) -> tuple[str, str]:
+        """``urldefrag(url)`` as ``(url, fragment)``."""
+        r = self._urls.get(url)
+        if r is None:
+            r = self._urls[url] = _urldefrag(url)
+        return r
+
+    def _ref_url(self, base: str, ref: str) -> tuple[str, str, str]:
+        """``(full, url, fragment)`` of ``$ref`` ``ref`` read against ``base``."""
+        if base is self.base0 and len(ref) > 1 and ref[0] == "#":
+            return base + ref, base, ref[1:]   # what urljoin and urldefrag give for this base
+        k = (base, ref)
+        r = self._urls.get(k)
+        if r is None:
+            full = urljoin(base, ref)
+            r = self._urls[k] = (full, *self._defrag(full))
+        return r
 
     def own_base(self, s: dict, parent: str) -> str:
         sid = s.get("$id") if self.draft > 4 else s.get("id")
@@ -77,9 +87,9 @@ class RefRegistry:
     def _register(self, s: dict, parent: str, top: bool) -> str:
         """Register the resource and anchors schema ``s`` declares; its base URI."""
         base = self.own_base(s, parent)
-        url, frag = _urldefrag(base)
+        url, frag = self._defrag(base)
         if top:
-            self.resources.setdefault(_urldefrag(self.base0)[0], (s, parent))
+            self.resources.setdefault(self._defrag(self.base0)[0], (s, parent))
         if base != parent or top:
             self.resources.setdefault(url, (s, parent))
             if frag and not frag.startswith("/"):
@@ -101,9 +111,9 @@ class RefRegistry:
         """``(target, base URI of the target's parent, display name)``."""
         if not isinstance(ref, str):
             raise InvalidSchemaError("$ref must be a string", pointer)
-        full, url, frag = _ref_url(base, ref)
+        full, url, frag = self._ref_url(base, ref)
         if not url:
-            url = _urldefrag(base)[0]
+            url = self._defrag(base)[0]
         res = self.resources.get(url)
         if res is None:
             raise UnsupportedSchemaError(f"cannot resolve $ref {ref!r} (remote references are not fetched)",
