@@ -239,12 +239,12 @@ _KIND_INDEX: dict = {}
 
 
 def pack(rec: KStruct) -> tuple:
-    """Record ``rec`` as a plain tuple that the garbage collector stops tracking at its first
-    pass over it: ``(kind index, the record's MemInfo, its fields as a plain tuple)``. A
+    """Record ``rec`` as plain tuples that the garbage collector stops tracking after a pass or
+    two over them: ``(kind index, the record's MemInfo, its fields as a plain tuple)``. A
     :class:`KStruct` (its instance dict, its named tuple) is tracked for as long as it lives, and
     each full collection walks it; a cache that holds thousands of records for the life of the
     process (:class:`~.state_cache.SharedEntries`) keeps them packed and :func:`unpack` makes a
-    record again where one is taken out (~1 us, against ~7 for :func:`kstruct`). The MemInfo
+    record again where one is taken out (~2 us, against ~7 for :func:`kstruct`). The MemInfo
     holds the record's payload, and so its arrays, alive."""
     nt = rec._tuple
     kind = (rec._type, type(nt))
