@@ -226,6 +226,12 @@ def kstruct(nt) -> KStruct:
             elif ov is None or ov.entry_point is not entry:
                 raise TypeError(f"kstruct: a {cls.__qualname__} whose fields differ from the first one's "
                                 f"beyond their dtypes: {sig[0]}")
+    return _with_fields(s, nt)
+
+
+def _with_fields(s: KStruct, nt) -> KStruct:
+    """``s`` with the fields of its named tuple ``nt`` in its instance dict (Python reads them
+    there, as a plain object's attributes)."""
     d = s.__dict__
     d.update(zip(nt._fields, nt))
     d["_tuple"] = nt
@@ -262,8 +268,4 @@ def unpack(packed: tuple) -> KStruct:
     s = object.__new__(KStruct)
     s._type = ty
     s._meminfo = mi
-    nt = cls._make(fields)
-    d = s.__dict__
-    d.update(zip(nt._fields, fields))
-    d["_tuple"] = nt
-    return s
+    return _with_fields(s, cls._make(fields))

@@ -8,11 +8,6 @@ from ...errors import InvalidSchemaError, UnsupportedSchemaError
 __all__ = ["RefRegistry"]
 
 
-def _urldefrag(url: str) -> tuple[str, str]:
-    r = urldefrag(url)
-    return r[0], r[1]
-
-
 #: keywords whose values are instance data, never schemas (not indexed)
 _DATA_KEYWORDS = frozenset(("enum", "const", "examples", "default", "example"))
 #: keywords whose values map names (property names, definition names) to schemas
@@ -41,7 +36,7 @@ class RefRegistry:
         """``urldefrag(url)`` as ``(url, fragment)``."""
         r = self._urls.get(url)
         if r is None:
-            r = self._urls[url] = _urldefrag(url)
+            r = self._urls[url] = tuple(urldefrag(url))
         return r
 
     def _ref_url(self, base: str, ref: str) -> tuple[str, str, str]:
@@ -149,7 +144,7 @@ class RefRegistry:
         if not isinstance(target, dict):
             return None
         if kw == "$dynamicRef":
-            frag = urldefrag(urljoin(base, ref))[1]
+            frag = self._ref_url(base, ref)[2]
             if not frag or frag.startswith("/") or target.get("$dynamicAnchor") != frag:
                 return None
             if len(self.dynamic_anchors.get(frag, ())) > 1:
