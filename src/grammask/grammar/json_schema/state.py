@@ -53,6 +53,8 @@ class CompileState:
         # other schemas (and a token's expression depends on nothing else in the ExprSet)
         self.number_tokens: dict = shared.setdefault("number_tokens", {})
         self.string_tokens: dict = shared.setdefault("string_tokens", {})
+        # the rules of any JSON value, per (leading whitespace, whitespace): GrammarGenerator._gen_any
+        self.any_rules: dict = shared.setdefault("any_rules", {})
         # the decoded-string expressions of ``pattern`` and ``format`` values (-1: no format)
         self.regexes: dict = shared.setdefault("regexes", {})
         self.strict = strict
