@@ -92,6 +92,9 @@ class GrammarGenerator(Stage):
         self.unordered_max = st.unordered_max
         self.gen_memo: dict = {}
         self.n_alts = 0
+        #: gen_object's punctuation per (lead, depth), and its key tokens per (key, depth)
+        self._punct: dict = {}
+        self._key_toks: dict = {}
 
     def define(self, nt: int, alternatives: list) -> int:
         """Define rule ``nt``; the generator hands its freshly built lists over (no copy)."""
@@ -517,6 +520,17 @@ class GrammarGenerator(Stage):
                 out.append((lang, v))
         return out
 
+    def _object_punctuation(self, lead: int, depth: int) -> tuple:
+        """The tokens around an object's members at ``depth`` after ``lead``: (key lead, colon,
+        value lead, comma, ``{``, ``}`` of the empty object, ``}``), made once per generator."""
+        ex = self.ex
+        sep_ws = EPS if self.indent is not None else self.ws
+        return (self.lead_inner(depth),
+                ex.concat(self.ws, ex.literal(":")) if self.indent is None else ex.literal(":"),
+                self.ws if self.indent is None else ex.literal(" "),
+                self.tok(sep_ws, ex.literal(",")), self.tok(lead, ex.literal("{")),
+                self.tok(sep_ws, ex.literal("}")), self.tok(self.lead_close(depth), ex.literal("}")))
+
     def gen_object(self, o: ObjC, lead: int, depth: int) -> list:
         ex, g = self.ex, self.g
         S = self.strings
@@ -535,14 +549,10 @@ class GrammarGenerator(Stage):
                     return []
                 continue
             members.append((k, v, req))
-        key_lead = self.lead_inner(depth)
-        colon = ex.concat(self.ws, ex.literal(":")) if self.indent is None else ex.literal(":")
-        vlead = self.ws if self.indent is None else ex.literal(" ")
-        sep_ws = EPS if self.indent is not None else self.ws
-        comma = self.tok(sep_ws, ex.literal(","))
-        lb = self.tok(lead, ex.literal("{"))
-        rb_empty = self.tok(sep_ws, ex.literal("}"))
-        rb = self.tok(self.lead_close(depth), ex.literal("}"))
+        punct = self._punct.get((lead, depth))
+        if punct is None:
+            punct = self._punct[(lead, depth)] = self._object_punctuation(lead, depth)
+        key_lead, colon, vlead, comma, lb, rb_empty, rb = punct
         q = S.quote
         clauses = list(o.some)
         if len(clauses) > 4:
@@ -555,10 +565,13 @@ class GrammarGenerator(Stage):
             # concatenation being associative in the store, made in one call instead of two)
             return ~ex.concat(key_lead, q, body, q, colon)
 
+        keys = self._key_toks
         mem = []   # per declared member: ([(symbols, bits)], required)
         for k, v, req in members:
             kb = k.encode("utf-8", "surrogatepass")
-            ktok = key_tok(S.literal(k, False))
+            ktok = keys.get((k, depth))
+            if ktok is None:
+                ktok = keys[(k, depth)] = key_tok(S.literal(k, False))
             variants = [([ktok, self.gen(v, vlead, depth + 1)], 0)]
             for t in subsets:
                 cl = [clauses[c] for c in range(len(clauses)) if t >> c & 1]
