@@ -9,9 +9,10 @@ made (so :meth:`CompileState.close` can unlink them), and the list that keeps me
 alive (memo keys are ``id()`` s, which must stay unique while the compile runs).
 
 What depends only on the ExprSet lives with it, shared by every compile into it: the JSON
-lexemes, the string encodings (:class:`~.strings.Strings`), and memos by value of number and
-string tokens and of ``pattern``/``format`` expressions (each bounded by
-:data:`MAX_SHARED_TOKENS`: a hit returns the very expression a recomputation would build).
+lexemes, the string encodings (:class:`~.strings.Strings`), memos by value of number and
+string tokens and of ``pattern``/``format`` expressions, and the rules of any JSON value
+(:meth:`~.generate.GrammarGenerator._gen_any`) (each bounded by :data:`MAX_SHARED_TOKENS`: a hit
+returns the very expression, or rules, a recomputation would build).
 """
 from __future__ import annotations
 
