@@ -39,7 +39,7 @@ def _member_counter(mx: int | None, cap: int):
 
 
 def _any_template(g, n0: int, memo_added: list, n_alts: int):
-    """The rules :meth:`GrammarGenerator._gen_any` made from nonterminal ``n0`` on, as a template:
+    """The rules :meth:`GrammarGenerator.gen` made for ANY from nonterminal ``n0`` on, as a template:
     ``(names, rules with nonterminals numbered from n0 = 0, [(lead, nonterminal)] of the
     generator's memo entries it added, alternatives, bytes charged)``; None where they refer to an
     earlier nonterminal or the memo gained another node's entry (then each compile generates it)."""
@@ -130,8 +130,13 @@ class GrammarGenerator(Stage):
                 self.gen_memo[key] = nt
                 self.st.keep.append(node)
                 return nt
-        if node is ANY and self.indent is None:
-            return self._gen_any(key)
+        # any JSON value (compact): copied from the ExprSet's template, or generated and kept as one
+        any_value = node is ANY and self.indent is None
+        if any_value:
+            nt = self._copy_any(lead)
+            if nt is not None:
+                return nt
+            mark = (len(self.g.rules), len(self.gen_memo), self.n_alts)
         g = self.g
         nt = g.fresh("v")
         self.gen_memo[key] = nt
@@ -147,38 +152,32 @@ class GrammarGenerator(Stage):
             self.define(nt, [[self.gen(o, lead, depth)] for o in node.options])
         else:
             self.define(nt, self.gen_typed(node, lead, depth))
-        self.n_alts += len(g.rules[nt])
-        if self.n_alts > MAX_RULES:
-            raise GrammarTooComplexError("the schema's grammar exceeds its size bound")
-        return nt
-
-    def _gen_any(self, key: tuple) -> int:
-        """:meth:`gen` of :data:`~.ir.ANY` (compact JSON): any JSON value, the value of every
-        object's undeclared keys when ``additionalProperties`` is absent, so in most schemas. Its
-        rules depend on the ExprSet and the whitespace alone, so the first compile in an ExprSet
-        generates them and keeps a copy (its nonterminals numbered from 0); later compiles copy
-        them in, their nonterminals shifted. Generating them took ~0.1 ms, in 424 of the 566
-        schemas of the 1-in-20 MaskBench sample; with the copy the warm compile's median is 3%
-        lower. The grammar is the same rule for rule (tests/test_json_schema_memos.py)."""
-        _, lead, _ = key
-        g = self.g
-        memo = self.st.any_rules
-        tkey = (lead, self.ws)
-        t = memo.get(tkey)
-        if t is None:
-            n0, m0, a0 = len(g.rules), len(self.gen_memo), self.n_alts
-            self.st.keep.append(ANY)
-            nt = g.fresh("v")
-            self.gen_memo[key] = nt
-            self.define(nt, self.gen_typed(ANY, lead, 0))
-            self.n_alts += len(g.rules[nt])
-            if self.n_alts > MAX_RULES:
-                raise GrammarTooComplexError("the schema's grammar exceeds its size bound")
+        self._count_alts(len(g.rules[nt]))
+        if any_value:
+            n0, m0, a0 = mark
             t = _any_template(g, n0, list(self.gen_memo.items())[m0:], self.n_alts - a0)
             if t is not None:
-                remember(memo, tkey, t)
-            return nt
+                remember(self.st.any_rules, (lead, self.ws), t)
+        return nt
+
+    def _count_alts(self, n: int) -> None:
+        self.n_alts += n
+        if self.n_alts > MAX_RULES:
+            raise GrammarTooComplexError("the schema's grammar exceeds its size bound")
+
+    def _copy_any(self, lead: int) -> int | None:
+        """The rules of :data:`~.ir.ANY` after ``lead`` (compact JSON) copied from the ExprSet's
+        template, their nonterminals shifted; None when there is none yet (:meth:`gen` generates
+        them and keeps the template). They are the value of every object's undeclared keys when
+        ``additionalProperties`` is absent, so in most schemas, and depend on the ExprSet and the
+        whitespace alone. Generating them took ~0.1 ms, in 424 of the 566 schemas of the 1-in-20
+        MaskBench sample; with the copy the warm compile's median is 3% lower. The grammar is the
+        same rule for rule (tests/test_json_schema_memos.py)."""
+        t = self.st.any_rules.get((lead, self.ws))
+        if t is None:
+            return None
         names, rules, leads, n_alts, nbytes = t
+        g = self.g
         base = len(g.rules)
         g.names.extend(names)
         g.where.extend([None] * len(names))
@@ -186,9 +185,7 @@ class GrammarGenerator(Stage):
         _count_rules(nbytes)
         for ld, j in leads:
             self.gen_memo[(id(ANY), ld, 0)] = base + j
-        self.n_alts += n_alts
-        if self.n_alts > MAX_RULES:
-            raise GrammarTooComplexError("the schema's grammar exceeds its size bound")
+        self._count_alts(n_alts)
         return base
 
     def gen_typed(self, t: Typed, lead: int, depth: int) -> list:

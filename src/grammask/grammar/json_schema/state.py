@@ -11,7 +11,7 @@ alive (memo keys are ``id()`` s, which must stay unique while the compile runs).
 What depends only on the ExprSet lives with it, shared by every compile into it: the JSON
 lexemes, the string encodings (:class:`~.strings.Strings`), memos by value of number and
 string tokens and of ``pattern``/``format`` expressions, and the rules of any JSON value
-(:meth:`~.generate.GrammarGenerator._gen_any`) (each bounded by :data:`MAX_SHARED_TOKENS`: a hit
+(:meth:`~.generate.GrammarGenerator._copy_any`) (each bounded by :data:`MAX_SHARED_TOKENS`: a hit
 returns the very expression, or rules, a recomputation would build).
 """
 from __future__ import annotations
@@ -54,7 +54,7 @@ class CompileState:
         # other schemas (and a token's expression depends on nothing else in the ExprSet)
         self.number_tokens: dict = shared.setdefault("number_tokens", {})
         self.string_tokens: dict = shared.setdefault("string_tokens", {})
-        # the rules of any JSON value, per (leading whitespace, whitespace): GrammarGenerator._gen_any
+        # the rules of any JSON value, per (leading whitespace, whitespace): GrammarGenerator._copy_any
         self.any_rules: dict = shared.setdefault("any_rules", {})
         # the decoded-string expressions of ``pattern`` and ``format`` values (-1: no format)
         self.regexes: dict = shared.setdefault("regexes", {})
