@@ -258,3 +258,42 @@ def test_a_read_only_walk_stops_at_the_first_missing_state(bl):
         recorded[stop] = int(M.counts[0]) + int(M.counts[1]) + int(M.counts[3])
         M.counts[:] = 0
     assert recorded[1] <= 1 < recorded[0], recorded
+
+
+def test_inline_room_is_skipped_exactly_when_reserving_would_change_nothing(bl, monkeypatch):
+    # Lexer._room_for_round reserves nothing while the counters are within the limits it read
+    # from the current arrays: check, at every building call of masks that build thousands of
+    # states, that reserving anyway would have changed no array (the fast path loses nothing),
+    # and that where the limits sent it to reserve with the same arrays, reserving grew one
+    # (the limits are the reservations' own conditions, not stricter)
+    tok, info, _comp = bl
+    comp = GrammarCompiler(info, cache_enabled=False)
+    cg = comp.compile_regex("([a-z]+ ){0,2000}[a-z]+!")   # one lexeme: a state per position and count
+    orig = lexer_mod.Lexer._room_for_round
+    seen = {"fast": 0, "grew": 0}
+
+    def arrays(lx):
+        return (lx.tables, lx._D, lx._X, lx._free_queue)
+
+    def checked(self):
+        mk = self._room_mark
+        before = arrays(self)
+        orig(self)
+        if self._room_mark is mk:   # the fast path: reserving must change nothing
+            seen["fast"] += 1
+            self._room_for_seeds(16, lexer_mod.EAGER_RESOLVE_BUDGET, 8)
+            self._reserve_g(lexer_mod.EAGER_FREE_ROWS + 64)
+            self._room_for_starts(16)
+            assert all(a is b for a, b in zip(arrays(self), before))
+        elif mk is not None and all(a is b for a, b in zip(mk[:4], before)):
+            # the same arrays, past a limit: the reservation grew one of them
+            assert any(a is not b for a, b in zip(arrays(self), before))
+            seen["grew"] += 1
+
+    monkeypatch.setattr(lexer_mod.Lexer, "_room_for_round", checked)
+    text = " ".join("abcdefghij"[: 1 + i % 9] + "xyz"[i % 3] for i in range(1200)) + "!"
+    m = GrammarMatcher(cg, terminate_without_stop_token=True)
+    for t in tok.encode(text).ids:
+        m.get_next_token_bitmask()
+        assert m.accept_token(t)
+    assert cg.lexer.n_states > 2_000 and seen["fast"] > 100 and seen["grew"] >= 1, (cg.lexer.n_states, seen)

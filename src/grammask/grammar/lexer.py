@@ -504,7 +504,8 @@ class Lexer:
         self.st_keys = np.zeros(256, dtype=np.int64)
         self.st_vals = np.zeros(256, dtype=np.int32)
         self._n_start = 0
-        self._expander = None   # (its arrays, the Expander record) of inline_expander
+        self._expander = None   # (its tables, free-row queue, Expander record): inline_expander
+        self._room_mark = None   # what _room_for_round found room for, and in which arrays
         self.expanded = np.zeros(cap, dtype=np.bool_)
         #: what this generation added to its ExprSet while it grew (expressions, memoised
         #: derivatives, moves): counted by :meth:`counting` for :meth:`held_bytes`
@@ -847,22 +848,23 @@ class Lexer:
     def inline_expander(self):
         """An expander tuple (:data:`Expander` and its records) over this lexer's arrays, for one
         kernel call that builds the states it meets (:func:`inline_resolve`), after room is made
-        for a round's worth of them. The caller
+        for a round's worth of them (:meth:`_room_for_round`). The caller
         holds ``self.lock`` (and ``counting()``) until the call returned and :meth:`after_inline`
         ran: the kernel writes the arrays as :meth:`expand_many` does. The record is kept and
         used again while its arrays are the lexer's (its ``cfg`` and ``failed`` set anew): making
-        one costs more than most building calls (~11 us), and a first visit makes many calls."""
-        self._room_for_seeds(16, EAGER_RESOLVE_BUDGET, 8)   # a round's worth of states
-        self._reserve_g(EAGER_FREE_ROWS + 64)
-        self._room_for_starts(16)
-        arrays = (self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._buf, self._pbuf,
-                  self._ibuf, self._abuf, self._free_queue, self._rows_out, self._lex_arr, self._lex_null, self._g0,
-                  self.st_keys, self.st_vals)
+        one costs more than most building calls (~11 us), and a first visit makes many calls.
+        Its arrays are the published tables' (:meth:`_publish`: every reallocation of one of
+        them publishes), ``expanded`` (reallocated with ``trans``) and buffers made once, but for
+        the free-row queue."""
+        self._room_for_round()
         kept = self._expander
-        if kept is None or any(a is not b for a, b in zip(kept[0], arrays)):
+        if kept is None or kept[0] is not self.tables or kept[1] is not self._free_queue:
+            arrays = (self.trans, self.state_acc, self.expanded, self.acc_off, self.acc_lex, self._buf, self._pbuf,
+                      self._ibuf, self._abuf, self._free_queue, self._rows_out, self._lex_arr, self._lex_null,
+                      self._g0, self.st_keys, self.st_vals)
             E = kstruct(Expander(np.zeros(11, np.int64), *arrays, np.full(16, -1, np.int32)))
-            self._expander = kept = (arrays, E)
-        E = kept[1]
+            self._expander = kept = (self.tables, self._free_queue, E)
+        E = kept[2]
         cfg = E.cfg
         cfg[:] = 0   # rounds, speculative rows and failures counted afresh (``failed`` is read
         cfg[X_ON] = 1   # below its count only)
@@ -875,16 +877,57 @@ class Lexer:
         cfg[X_MAX_ROUNDS] = INLINE_MAX_ROUNDS
         return (E, self._X, self._D, self.exprs._S, rowstore.row_store(self.exprs).arrays)
 
+    def _room_for_round(self) -> None:
+        """Room for a round of inline building: ``EAGER_RESOLVE_BUDGET`` states of up to 8
+        members (:meth:`_room_for_seeds`), ``EAGER_FREE_ROWS`` + 64 lexeme DFA states
+        (:meth:`_reserve_g`) and 16 start sets (:meth:`_room_for_starts`). The counters up to
+        which those find room (:meth:`_room_limits`) are kept with the arrays they were read
+        from, so that while none of those was reallocated, a call whose counters are within
+        them reserves nothing: the same arrays as reserving each time, for a few reads (the
+        reservations cost ~20 us in a mask, most building calls build a few states)."""
+        B, F = EAGER_RESOLVE_BUDGET, EAGER_FREE_ROWS
+        D, X = self._D, self._X
+        mk = self._room_mark
+        if (mk is not None and mk[0] is self.tables and mk[1] is D and mk[2] is X and mk[3] is self._free_queue
+                and mk[4] == B and mk[5] == F):
+            lim = mk[6]
+            n, mem, n_acc, acc_used = D.cnt[:4].tolist()
+            if (n <= lim[0] and mem <= lim[1] and n_acc <= lim[2] and acc_used <= lim[3]
+                    and X.g_cnt[0] <= lim[4] and self._n_start <= lim[5]):
+                return
+        self._room_for_seeds(16, B, 8)
+        self._reserve_g(F + 64)
+        self._room_for_starts(16)
+        self._room_mark = (self.tables, self._D, self._X, self._free_queue, B, F, self._room_limits(B, 8, F + 64, 16))
+
+    def _room_limits(self, n_new: int, m: int, k: int, starts: int) -> tuple[int, ...]:
+        """The counters (states, their members, accepted sets, their lexemes, lexeme DFA states,
+        start sets) up to which :meth:`_reserve` ``(n_new, m)``, :meth:`_reserve_g` ``(k)`` and
+        :meth:`_room_for_starts` ``(starts)`` find room in the current arrays (after they ran:
+        the arrays sized by the capacity alone are then long enough). The same conditions as
+        theirs, solved for the counters."""
+        D = self._D
+        return (min(self.state_acc.shape[0] - n_new - 1, D.h_keys.shape[0] // 2 - n_new),
+                D.ms_mem.shape[0] - n_new * m,
+                min(self.acc_off.shape[0] - n_new - 2, D.a_keys.shape[0] // 2 - n_new),
+                self.acc_lex.shape[0] - n_new * m,
+                self._X.g_null.shape[0] - k,
+                self.st_keys.shape[0] // 2 - starts)
+
     def after_inline(self, E) -> None:
         """After a mask call with :meth:`inline_expander`'s ``E`` (lock still held): what it
         added (the ExprSet's mirrors, the row store's count, the start table's entries, the
         generation's bounds)."""
-        self._after_rows(rowstore.row_store(self.exprs), self._rows_out)
-        cfg = E[0].cfg
-        self._n_start = int(cfg[X_N_START])
-        self.inline_rounds += int(cfg[X_ROUNDS])
-        self.inline_failed += int(cfg[X_FAILED])
-        self._after_eager(0)
+        self.exprs._settle()
+        out = self._rows_out
+        if out[3]:   # (:meth:`_after_rows`)
+            self._after_rows(rowstore.row_store(self.exprs), out)
+        c = E[0].cfg.tolist()
+        self._n_start = c[X_N_START]
+        self.inline_rounds += c[X_ROUNDS]
+        self.inline_failed += c[X_FAILED]
+        if self._D.cnt[6]:   # (:meth:`_after_eager`: the kernel's bound)
+            self.full = True
 
     def expand_chains(self, kernel, head: tuple, found: np.ndarray, deep: np.ndarray, rounds: int) -> None:
         """Expand what ``kernel(*head, rounds, budget, <the expansion's arrays>)`` names round after
