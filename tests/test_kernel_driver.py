@@ -267,6 +267,7 @@ def test_inline_room_is_skipped_exactly_when_reserving_would_change_nothing(bl, 
     # and that where the limits sent it to reserve with the same arrays, reserving grew one
     # (the limits are the reservations' own conditions, not stricter)
     tok, info, _comp = bl
+    monkeypatch.setattr(lexer_mod, "EAGER_INITIAL_STATES", 1024)   # (so that the masks regrow it)
     comp = GrammarCompiler(info, cache_enabled=False)
     cg = comp.compile_regex("([a-z]+ ){0,2000}[a-z]+!")   # one lexeme: a state per position and count
     orig = lexer_mod.Lexer._room_for_round

@@ -74,6 +74,16 @@ EAGER_RESOLVE_BUDGET = 256
 EAGER_FREE_ROWS = 256
 #: states the compiled expansion builds from the initial state at compile time (DFA rows included)
 EAGER_WARM_UP_BUDGET = 64
+#: lexer states (and lexeme DFA states) an eager lexer has room for when made. Past them its
+#: arrays of states are regrown, copying the rows made (``trans``, ``g_next``: 1 KiB a state),
+#: the costliest regrowth: 240 in a 1-in-20 MaskBench pass at 1,024 (one grammar in five goes
+#: past it), ~0.6 ms each on one mask. The row tables are address space until rows are written;
+#: the other arrays of states hold ~75 bytes a state (``held_bytes`` counts them); the arrays of
+#: members and accepted sets start at :data:`EAGER_INITIAL_MEMBER_STATES` states' worth
+EAGER_INITIAL_STATES = 4096
+#: states' worth of members (8 a state) and accepted sets the arrays of an eager lexer start with
+#: (regrown by their own counts, without copying rows)
+EAGER_INITIAL_MEMBER_STATES = 1024
 
 #: the lexer arrays a kernel reads (see the module docstring); one consistent snapshot
 LexerTables = namedtuple("LexerTables", "trans state_acc acc_off acc_lex st_keys st_vals")
@@ -491,12 +501,10 @@ class Lexer:
         self._twins: dict[int, int] = {}   # walk_state's memo
         self._acc_sets: list[tuple[int, ...]] = []
         self._acc_ids: dict[tuple, int] = {}
-        # room for the states a first mask builds (its expander reserves a round's worth,
-        # EAGER_RESOLVE_BUDGET: :meth:`inline_expander`), so that no grammar regrows its arrays
-        # there, nor the four in five of MaskBench's grammars whose masks make 512-1,024 states;
-        # the rows are written as states are made (never read before), so ``trans`` is address
-        # space until then
-        cap = 4 * EAGER_RESOLVE_BUDGET if self.eager_default(eager) else 64
+        # room for the states most grammars ever make (EAGER_INITIAL_STATES: a regrowth copies
+        # the rows made); the rows are written as states are made (never read before), so
+        # ``trans`` is address space until then
+        cap = EAGER_INITIAL_STATES if self.eager_default(eager) else 64
         self.trans = np.empty(cap * 256, dtype=np.int32)
         self.state_acc = np.full(cap, -1, dtype=np.int32)
         self.acc_off = np.zeros(1, dtype=np.int32)
@@ -564,15 +572,16 @@ class Lexer:
         """The arrays of the compiled expansion (see :mod:`.lexdfa`)."""
         # room for the free rows a first expansion may add (:meth:`_fill_rows` reserves them):
         # a smaller table is regrown at once, on every grammar's first expansion
-        self._X = lexdfa.new_dfas(4 * EAGER_FREE_ROWS)   # (as the lexer states, above)
+        self._X = lexdfa.new_dfas(EAGER_INITIAL_STATES)
         self._g0 = np.full(len(self.lexemes), -1, np.int64)   # the DFA state of each lexeme's start
         # per lexeme: its expression and whether it is nullable (register_starts' inputs)
         self._lex_arr = np.array(self.lexemes, np.int64)
         self._lex_null = np.array([1 if self.exprs.nullable(e) else 0 for e in self.lexemes], np.int64)
         self._start_out = np.zeros(64, np.int32)
-        self._D = lexdfa.new_store(cap, 8 * cap, cap)
-        self.acc_off = np.zeros(cap + 1, dtype=np.int32)
-        self.acc_lex = np.zeros(8 * cap, dtype=np.int32)
+        m = min(cap, EAGER_INITIAL_MEMBER_STATES)
+        self._D = lexdfa.new_store(cap, 8 * m, m)
+        self.acc_off = np.zeros(m + 1, dtype=np.int32)
+        self.acc_lex = np.zeros(8 * m, dtype=np.int32)
         nl = max(1, len(self.lexemes))
         self._buf = np.zeros(nl, np.int32)
         self._pbuf = np.zeros(nl, np.int32)
