@@ -300,6 +300,32 @@ def test_compiled_store_matches_the_languages_of_its_nodes(seed):
             assert capped(ex, e, 1, True) == e and capped(ex, e, 1) == e
 
 
+def test_store_rehashes_only_the_table_that_filled():
+    """A growth rehashes the node table or the derivative memo, whichever is half full, and keeps
+    the other as it is (a rehash of the memo cost 5-10 ms on the mask whose node filled the
+    other); both still answer afterwards."""
+    ex = ExprSet()
+    S0 = ex._S
+    memo0, table0 = S0.dkey, S0.htab
+    ids = []
+    while ex._S.htab is table0:   # nodes, no derivatives: the node table fills first
+        ids.append(ex.literal(f"n{len(ids)}"))
+    assert ex._S.dkey is memo0 and ex._S.dval is S0.dval
+    table1 = ex._S.htab
+    derivs = {}
+    k = 0
+    while ex._S.dkey is memo0:   # derivatives (empty ones: no new node) fill the memo
+        e, b = ids[k % len(ids)], 128 + k // len(ids)
+        derivs[(e, b)] = ex.deriv(e, b)
+        k += 1
+        assert b < 256
+    assert ex._S.htab is table1
+    assert [ex.literal(f"n{i}") for i in range(len(ids))] == ids
+    ex._deriv.clear()   # asked again from the store's memo
+    assert all(ex.deriv(e, b) == d for (e, b), d in derivs.items())
+    assert all(ex.deriv(e, ord("n")) == ex.literal(f"{i}") for i, e in enumerate(ids))
+
+
 def test_compiled_store_grows_and_keeps_its_ids():
     """The store starts small and grows (nodes, children, byte masks, the hash table and the
     derivative memo, each past its first size): every expression made again gets the id it had,

@@ -1429,8 +1429,8 @@ def alive_search(S, e, limit):
 
 # ------------------------------------------------------------------------------ growth
 @njit(nogil=True, cache=True)
-def rehash(S, htab, dkey, dval):
-    """Fill the new, larger tables ``htab`` and ``dkey``/``dval`` from ``S``'s."""
+def rehash_nodes(S, htab):
+    """Fill the new, larger hash table of the nodes ``htab`` from ``S``'s nodes."""
     hmask = htab.shape[0] - 1
     for i in range(S.cnt[C_NODES]):
         k = S.kind[i]
@@ -1448,6 +1448,11 @@ def rehash(S, htab, dkey, dval):
         while htab[slot] != 0:
             slot = (slot + 1) & hmask
         htab[slot] = i + 1
+
+
+@njit(nogil=True, cache=True)
+def rehash_memo(S, dkey, dval):
+    """Fill the new, larger derivative memo ``dkey``/``dval`` from ``S``'s."""
     dmask = dkey.shape[0] - 1
     old = S.dkey
     for s in range(old.shape[0]):

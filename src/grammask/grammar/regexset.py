@@ -105,7 +105,8 @@ _py_counted_moves = FastCall(ns.py_counted_moves)
 _min_length_of = FastCall(ns.min_length_of)
 _need_put = FastCall(ns.need_put)
 _need_rehash = FastCall(ns.need_rehash)
-_rehash = ns.rehash
+_rehash_nodes = ns.rehash_nodes
+_rehash_memo = ns.rehash_memo
 
 
 def _unless_refused(v: int) -> int | None:
@@ -356,15 +357,15 @@ class ExprSet:
         more("pool", int(cnt[ns.C_POOL]), int(cnt[ns.C_POOL_NEED]))
         cnt[ns.C_POOL_NEED] = 0
         more("bm", int(cnt[ns.C_BM]))
-        hfull = 2 * (int(cnt[ns.C_HT]) + 1) > S.htab.shape[0]
-        dfull = 2 * (int(cnt[ns.C_DM]) + 1) > S.dkey.shape[0]
-        if hfull or dfull:
-            hsize = S.htab.shape[0] * (2 if hfull else 1)
-            dsize = S.dkey.shape[0] * (2 if dfull else 1)
-            new["htab"] = np.zeros(hsize, np.int64)
-            new["dkey"] = np.zeros(dsize, np.int64)
-            new["dval"] = np.zeros(dsize, np.int64)
-            _rehash(S, new["htab"], new["dkey"], new["dval"])
+        # each table rehashed only when it is the one half full (a rehash of the derivative memo
+        # cost 5-10 ms at 0.5-1M slots, on whatever mask made the node that filled the other)
+        if 2 * (int(cnt[ns.C_HT]) + 1) > S.htab.shape[0]:
+            new["htab"] = np.zeros(2 * S.htab.shape[0], np.int64)
+            _rehash_nodes(S, new["htab"])
+        if 2 * (int(cnt[ns.C_DM]) + 1) > S.dkey.shape[0]:
+            new["dkey"] = np.zeros(2 * S.dkey.shape[0], np.int64)
+            new["dval"] = np.zeros(new["dkey"].shape[0], np.int64)
+            _rehash_memo(S, new["dkey"], new["dval"])
         if new:
             self._S = kstruct(S._tuple._replace(**new))
 
