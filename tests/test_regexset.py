@@ -63,6 +63,28 @@ def test_prefixes_contain_matches_brute_force(k):
         assert brute_prefixes_contain(ex, x, y, max_len=5), (ex.to_str(x), ex.to_str(y))
 
 
+def test_a_containment_walk_stops_within_16_pairs_of_its_deadline(monkeypatch):
+    # a clock that passes the deadline at its second read: the walk (contained, ~1,200 pairs
+    # without a deadline) must give up (False, not memoised as proved) within 16 pairs explored
+    # (it read the clock when the count of pairs seen was a multiple of 64: a step that adds
+    # several pairs could jump over them)
+    import time
+
+    ex = ExprSet()
+    s = parse_regex("a(ba){0,300}b?", ex)   # not a repeat: no structural shortcut, a walk
+    u = parse_regex("(ab){0,400}c?", ex)
+    reads = []
+    monkeypatch.setattr(time, "monotonic", lambda: reads.append(1) or (0.0 if len(reads) == 1 else 10.0))
+    seen = []
+    real = ExprSet.transitions
+    monkeypatch.setattr(ExprSet, "transitions", lambda self, e: seen.append(e) or real(self, e))
+    assert not ex.prefixes_contain(s, u, max_seconds=1.0)
+    assert len(seen) <= 4 * 16 + 4, len(seen)   # (each pair: both sides, their first bytes)
+    assert not any(ex._prefix_cache.values())
+    monkeypatch.undo()
+    assert ex.prefixes_contain(s, u)   # (no longer memoised: it was a deadline's False)
+
+
 def test_proved_pairs_answer_later_questions_about_derivatives():
     ex = ExprSet()
     keys = ex.alt(*[ex.literal(w + '"') for w in ("abc", "aba", "bca", "cab")])
