@@ -47,7 +47,10 @@ EXPRS_RESET_NODES = 80_000
 #: 1 << 16 still grew once, past 65,536 nodes, inside whatever mask made that node (a 16 ms
 #: rehash in Github_ultra---o21135's slowest one): 1 << 17 holds the ExprSet up to its reset.
 #: The tables reached that size before each reset anyway; measured, peak RSS 908 -> 935 MiB on
-#: the full MaskBench run and benchmarks/server_rss.py within its run-to-run drift
+#: the full MaskBench run and benchmarks/server_rss.py within its run-to-run drift. (Its tables
+#: still regrow at half full, past 65,536 nodes or 262,144 derivatives, 12 times in a 1-in-20
+#: pass, 3-11 ms each once only the full one was rehashed, session 38; 1 << 18 left one of
+#: them for +30 MiB of peak RSS, and was not taken.)
 SHARED_EXPRS_ROOM = 1 << 17
 
 
