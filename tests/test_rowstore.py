@@ -60,11 +60,26 @@ def test_a_second_lexer_over_the_same_exprset_computes_no_derivative():
 
 
 def test_kernel_asks_for_room_and_writes_the_rows_before():
+    _kernel_asks_for_room(0)
+
+
+def test_the_rows_table_is_kept_while_it_has_the_rows():
+    # g_next made longer than the other arrays (new_dfas' ``rows``) is kept by a regrowth that
+    # it has the rows for (no copy: the costliest part of one), and copied past them
+    X = _kernel_asks_for_room(16)
+    Y = lexdfa.grow_dfas(X, 32)
+    assert Y.g_next is not X.g_next and Y.g_next.shape[0] == 32 * 256
+    n = int(X.g_cnt[0])
+    assert np.array_equal(Y.g_next[:n * 256], X.g_next[:n * 256]) and Y.g_null.shape[0] == 32
+
+
+def _kernel_asks_for_room(rows):
     ex = ExprSet()
     e = parse_regex("[a-c]x|[d-f]y|[g-i]z", ex)   # three transitions
     store = rowstore.row_store(ex)
     store.ensure(ex, [e])
-    X = lexdfa.new_dfas(8)   # capacities are powers of two (the pair hash's size)
+    X = lexdfa.new_dfas(8, rows)   # capacities are powers of two (the pair hash's size)
+    nxt = X.g_next
     g0, g1, g2 = (int(lexdfa.g_intern(X, e, lx, 0)) for lx in range(3))   # one expression, 3 lexemes
     queue = np.zeros(8, np.int64)
     # 3 states, then 3 new targets per row: the first row fits in 8 states, the second does not
@@ -73,6 +88,7 @@ def test_kernel_asks_for_room_and_writes_the_rows_before():
     assert (st, k) == (rowstore.NEED_ROOM, 1)
     assert X.g_done[g0] and not X.g_done[g1] and int(X.g_cnt[0]) == 6
     X = lexdfa.grow_dfas(X, 16)
+    assert (X.g_next is nxt) == (rows >= 16) and X.g_null.shape[0] == 16
     st, k = rowstore.fill_stored_rows(gs[k:], X, store.arrays, 0, queue)
     assert (st, k) == (rowstore.DONE, 2) and X.g_done[g1] and X.g_done[g2]
     for g, lx in ((g0, 0), (g1, 1), (g2, 2)):
@@ -84,6 +100,7 @@ def test_kernel_asks_for_room_and_writes_the_rows_before():
                     assert X.g_expr[h] == t and X.g_lex[h] == lx
         allowed = {b for m, _t in ex.transitions(e) for b in range(256) if (m >> b) & 1}
         assert all((int(row[b]) >= 0) == (b in allowed) for b in range(256))
+    return X
 
 
 def test_the_store_starting_over_keeps_the_automaton(monkeypatch):

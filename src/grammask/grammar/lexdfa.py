@@ -128,10 +128,11 @@ ExpandStore = namedtuple("ExpandStore", "ms_off ms_mem h_keys a_keys queue defer
 LexemeDFAs = namedtuple("LexemeDFAs", "g_next g_null g_lex g_done g_expr g_keys g_cnt g_bnd")
 
 
-def new_dfas(cap: int) -> LexemeDFAs:
+def new_dfas(cap: int, rows: int = 0) -> LexemeDFAs:
+    """Lexeme DFAs with room for ``cap`` DFA states, ``g_next`` for ``max(cap, rows)`` rows."""
     # ``g_next`` is not filled: a row is read only once written whole (``g_done``), as in
     # :func:`grow_dfas`, so the capacity is address space until DFA states use it
-    return kstruct(LexemeDFAs(np.empty(cap * 256, np.int32), np.zeros(cap, np.bool_),
+    return kstruct(LexemeDFAs(np.empty(max(cap, rows) * 256, np.int32), np.zeros(cap, np.bool_),
                               np.zeros(cap, np.int32), np.zeros(cap, np.bool_), np.zeros(cap, np.int64),
                               np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64), np.zeros((cap, 4), np.uint64)))
 
@@ -171,12 +172,17 @@ def dfas_bytes(X: LexemeDFAs) -> int:
 
 def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
     """``X`` with room for ``cap`` DFA states (the rows in use and the arrays copied, the pair
-    hash rebuilt). ``g_next`` rows of states without ``g_done`` are never read (:func:`.rowstore.fill_stored_rows`
+    hash rebuilt; ``g_next`` only when short). ``g_next`` rows of states without ``g_done`` are never read (:func:`.rowstore.fill_stored_rows`
     writes a whole row), so the new table is not filled."""
     C = 256
     n = int(X.g_cnt[0])
-    nxt = np.empty(cap * C, np.int32)
-    nxt[:n * C] = X.g_next[:n * C]
+    # ``g_next`` kept while it has the rows (made longer than the other arrays: :func:`new_dfas`):
+    # kernels bound DFA states by ``g_null``, and only the expansion, the lexer's lock held,
+    # reads the lexeme DFAs, always its newest record (no kernel holds an older one)
+    nxt = X.g_next
+    if nxt.shape[0] < cap * C:
+        nxt = np.empty(cap * C, np.int32)
+        nxt[:n * C] = X.g_next[:n * C]
     old = X.g_null.shape[0]
     arrs = []
     for a in (X.g_null, X.g_lex, X.g_done, X.g_expr, X.g_bnd):

@@ -84,6 +84,11 @@ EAGER_INITIAL_STATES = 4096
 #: states' worth of members (8 a state) and accepted sets the arrays of an eager lexer start with
 #: (regrown by their own counts, without copying rows)
 EAGER_INITIAL_MEMBER_STATES = 1024
+#: lexeme DFA states the compiled expansion's arrays start with, but ``g_next``, which has rows for
+#: :data:`EAGER_INITIAL_STATES` (address space until written) and is kept when the others regrow
+#: (:func:`.lexdfa.grow_dfas`): zeroing them for 4,096 was ~60 us of a lexer's construction (of a
+#: median time to first mask of ~3 ms), and they regrow without copying rows
+EAGER_INITIAL_DFA_STATES = 1024
 
 #: the lexer arrays a kernel reads (see the module docstring); one consistent snapshot
 LexerTables = namedtuple("LexerTables", "trans state_acc acc_off acc_lex st_keys st_vals")
@@ -572,7 +577,7 @@ class Lexer:
         """The arrays of the compiled expansion (see :mod:`.lexdfa`)."""
         # room for the free rows a first expansion may add (:meth:`_fill_rows` reserves them):
         # a smaller table is regrown at once, on every grammar's first expansion
-        self._X = lexdfa.new_dfas(EAGER_INITIAL_STATES)
+        self._X = lexdfa.new_dfas(min(EAGER_INITIAL_DFA_STATES, cap), max(cap, EAGER_INITIAL_STATES))
         self._g0 = np.full(len(self.lexemes), -1, np.int64)   # the DFA state of each lexeme's start
         # per lexeme: its expression and whether it is nullable (register_starts' inputs)
         self._lex_arr = np.array(self.lexemes, np.int64)
