@@ -74,8 +74,9 @@ EAGER_RESOLVE_BUDGET = 256
 EAGER_FREE_ROWS = 256
 #: states the compiled expansion builds from the initial state at compile time (DFA rows included)
 EAGER_WARM_UP_BUDGET = 64
-#: lexer states (and lexeme DFA states) an eager lexer has room for when made. Past them its
-#: arrays of states are regrown, copying the rows made (``trans``, ``g_next``: 1 KiB a state),
+#: lexer states an eager lexer has room for when made (and rows for as many lexeme DFA states: see
+#: :data:`EAGER_INITIAL_DFA_STATES`). Past them its arrays of states are regrown, copying the rows
+#: made (``trans``, ``g_next``: 1 KiB a state),
 #: the costliest regrowth: 240 in a 1-in-20 MaskBench pass at 1,024 (one grammar in five goes
 #: past it), ~0.6 ms each on one mask. The row tables are address space until rows are written;
 #: the other arrays of states hold ~75 bytes a state (``held_bytes`` counts them); the arrays of
