@@ -578,7 +578,7 @@ class Lexer:
         """The arrays of the compiled expansion (see :mod:`.lexdfa`)."""
         # room for the free rows a first expansion may add (:meth:`_fill_rows` reserves them):
         # a smaller table is regrown at once, on every grammar's first expansion
-        self._X = lexdfa.new_dfas(min(EAGER_INITIAL_DFA_STATES, cap), max(cap, EAGER_INITIAL_STATES))
+        self._X = lexdfa.new_dfas(min(EAGER_INITIAL_DFA_STATES, cap), cap)   # (rows for ``cap``)
         self._g0 = np.full(len(self.lexemes), -1, np.int64)   # the DFA state of each lexeme's start
         # per lexeme: its expression and whether it is nullable (register_starts' inputs)
         self._lex_arr = np.array(self.lexemes, np.int64)
@@ -933,10 +933,11 @@ class Lexer:
         """After a mask call with :meth:`inline_expander`'s ``E`` (lock still held): what it
         added (the ExprSet's mirrors, the row store's count, the start table's entries, the
         generation's bounds)."""
-        self.exprs._settle()
         out = self._rows_out
-        if out[3]:   # (:meth:`_after_rows`)
+        if out[3]:   # rows stored: :meth:`_after_rows` (which settles the ExprSet)
             self._after_rows(rowstore.row_store(self.exprs), out)
+        else:
+            self.exprs._settle()
         c = E[0].cfg.tolist()
         self._n_start = c[X_N_START]
         self.inline_rounds += c[X_ROUNDS]
