@@ -24,6 +24,7 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
+from . import pages
 from .kstruct import CHECK_FASTCALL, kstruct
 
 
@@ -132,7 +133,7 @@ def new_dfas(cap: int, rows: int = 0) -> LexemeDFAs:
     """Lexeme DFAs with room for ``cap`` DFA states, ``g_next`` for ``max(cap, rows)`` rows."""
     # ``g_next`` is not filled: a row is read only once written whole (``g_done``), as in
     # :func:`grow_dfas`, so the capacity is address space until DFA states use it
-    return kstruct(LexemeDFAs(np.empty(max(cap, rows) * 256, np.int32), np.zeros(cap, np.bool_),
+    return kstruct(LexemeDFAs(pages.row_table(max(cap, rows) * 256, np.int32), np.zeros(cap, np.bool_),
                               np.zeros(cap, np.int32), np.zeros(cap, np.bool_), np.zeros(cap, np.int64),
                               np.full(2 * cap, -1, np.int32), np.zeros(1, np.int64), np.zeros((cap, 4), np.uint64)))
 
@@ -181,7 +182,7 @@ def grow_dfas(X: LexemeDFAs, cap: int) -> LexemeDFAs:
     # reads the lexeme DFAs, always its newest record (no kernel holds an older one)
     nxt = X.g_next
     if nxt.shape[0] < cap * C:
-        nxt = np.empty(cap * C, np.int32)
+        nxt = pages.row_table(cap * C, np.int32)
         nxt[:n * C] = X.g_next[:n * C]
     old = X.g_null.shape[0]
     arrs = []

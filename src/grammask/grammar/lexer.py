@@ -40,7 +40,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import GrammarTooComplexError
-from . import lexdfa, rowstore
+from . import lexdfa, pages, rowstore
 from .kstruct import kstruct
 from .lexdfa import FastCall, g_intern, grown, intern_members
 from .membound import DERIV_BYTES, MEMBER_BYTES, MOVES_BYTES, NODE_BYTES, PACKED_BYTES, STATE_BYTES
@@ -511,7 +511,7 @@ class Lexer:
         # the rows made); the rows are written as states are made (never read before), so
         # ``trans`` is address space until then
         cap = EAGER_INITIAL_STATES if self.eager_default(eager) else 64
-        self.trans = np.empty(cap * 256, dtype=np.int32)
+        self.trans = pages.row_table(cap * 256, np.int32)
         self.state_acc = np.full(cap, -1, dtype=np.int32)
         self.acc_off = np.zeros(1, dtype=np.int32)
         self.acc_lex = np.zeros(0, dtype=np.int32)
@@ -799,7 +799,7 @@ class Lexer:
         row past the states), so a large ``cap`` costs address space until it is used."""
         old = self.state_acc.shape[0]
         n = self.n_states
-        trans = np.empty(cap * 256, dtype=np.int32)
+        trans = pages.row_table(cap * 256, np.int32)
         trans[: n * 256] = self.trans[: n * 256]
         acc = np.full(cap, -1, dtype=np.int32)
         acc[:old] = self.state_acc
