@@ -13,8 +13,8 @@ o21073's 39-56 ms against 21-22 ms (this project's 2-core host, where a huge pag
 milliseconds), and every new lexer held 2 MiB of each table from its first state on.
 
 :func:`row_table` allocates such a table with numpy's huge-page advice switched off for the
-call (numpy's own switch, process-wide, held for the allocation only and counted, so that
-threads allocating tables at the same time restore it once, to what it was). The table is still
+call (numpy's own switch, process-wide: set and restored under a lock held for the allocation
+only, so that threads allocating tables at the same time leave it as it was). The table is still
 an ordinary numpy allocation: freed tables' memory is reused by the next ones, which a table of
 its own (an anonymous mapping per table) was not: that variant cost 11% of the 1-in-20 MaskBench
 mask time and 12% of its time to first mask, in 4 KiB page faults on every new lexer's rows.
@@ -47,9 +47,9 @@ def _hugepage_switch():
 
 
 _SET_HUGEPAGE = _hugepage_switch()
-_LOCK = threading.Lock()
-#: row tables being allocated now, and numpy's setting before the first of them
-_open = [0, True]
+#: held while numpy's switch is off (re-entrant: a table allocated inside another's allocation,
+#: as a test does, restores what the outer one set)
+_LOCK = threading.RLock()
 
 
 def row_table(n: int, dtype) -> np.ndarray:
@@ -59,13 +59,8 @@ def row_table(n: int, dtype) -> np.ndarray:
     if _SET_HUGEPAGE is None or int(n) * dt.itemsize < NUMPY_HUGEPAGE_BYTES:
         return np.empty(n, dt)
     with _LOCK:
-        if _open[0] == 0:
-            _open[1] = _SET_HUGEPAGE(False)
-        _open[0] += 1
-    try:
-        return np.empty(n, dt)
-    finally:
-        with _LOCK:
-            _open[0] -= 1
-            if _open[0] == 0:
-                _SET_HUGEPAGE(_open[1])
+        before = _SET_HUGEPAGE(False)
+        try:
+            return np.empty(n, dt)
+        finally:
+            _SET_HUGEPAGE(before)
