@@ -531,6 +531,10 @@ class Lexer:
         self.inline_rounds = 0
         #: of those, the rounds that needed Python
         self.inline_failed = 0
+        #: set by the first mask call that built states in this generation
+        #: (:meth:`.CompiledGrammar.call_building`): until then a mask skips the read-only walk
+        #: (see :data:`.matcher.SKIP_FIRST_READ_ONLY`)
+        self.walked = False
         #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
         #: whole states in Python (:meth:`_expand_one`, the reference)
         self.eager = self.eager_default(eager)
