@@ -298,3 +298,47 @@ def test_inline_room_is_skipped_exactly_when_reserving_would_change_nothing(bl, 
         m.get_next_token_bitmask()
         assert m.accept_token(t)
     assert cg.lexer.n_states > 2_000 and seen["fast"] > 100 and seen["grew"] >= 1, (cg.lexer.n_states, seen)
+
+
+def _masks_and_read_only_walks(monkeypatch, info, tok, skip: bool):
+    """The masks along a document of a freshly compiled grammar, and how many read-only mask
+    walks (STOP_AT_MISSING set) each matcher's first mask made."""
+    from grammask.grammar.earley import STOP_AT_MISSING
+
+    monkeypatch.setattr(matcher_mod, "SKIP_FIRST_READ_ONLY", skip)
+    walks = []
+    for name in ("_fill_mask", "_fill_mask_cached"):
+        real = getattr(matcher_mod, name)
+
+        def counted(*a, _real=real):
+            M = next(x for x in a if getattr(x, "_fields", None) and "counts" in x._fields)
+            walks.append(int(M.counts[STOP_AT_MISSING]))
+            return _real(*a)
+
+        monkeypatch.setattr(matcher_mod, name, counted)
+    cg = GrammarCompiler(info, cache_enabled=False).compile_json_schema(
+        '{"type": "object", "properties": {"name": {"type": "string"}, "n": {"type": "integer"}}}')
+    assert not cg.lexer.walked
+    masks, first_walks = [], []
+    for _ in range(2):   # a second matcher of the same grammar: its lexer has walked
+        m = GrammarMatcher(cg, terminate_without_stop_token=True)
+        for i, t in enumerate(tok.encode('{"name": "ab cd", "n": 12}').ids):
+            walks.clear()
+            masks.append(m.get_next_token_bitmask().copy())
+            if i == 0:
+                first_walks.append(sum(walks))
+            assert m.accept_token(t)
+        assert cg.lexer.walked
+    return masks, first_walks
+
+
+def test_a_lexer_generations_first_mask_skips_the_read_only_walk(bl, monkeypatch):
+    # matcher.SKIP_FIRST_READ_ONLY: the first mask of a fresh lexer goes straight to the building
+    # call (its walk meets states not built yet); later masks walk read-only first, as before;
+    # the masks are the same either way
+    tok, info, _ = bl
+    masks, first_walks = _masks_and_read_only_walks(monkeypatch, info, tok, skip=True)
+    assert first_walks == [0, 1]
+    masks_ref, first_ref = _masks_and_read_only_walks(monkeypatch, info, tok, skip=False)
+    assert first_ref == [1, 1]
+    assert len(masks) == len(masks_ref) and all(np.array_equal(a, b) for a, b in zip(masks, masks_ref))
