@@ -531,9 +531,9 @@ class Lexer:
         self.inline_rounds = 0
         #: of those, the rounds that needed Python
         self.inline_failed = 0
-        #: set by the first mask call that built states in this generation
-        #: (:meth:`.CompiledGrammar.call_building`): until then a mask skips the read-only walk
-        #: (see :data:`.matcher.SKIP_FIRST_READ_ONLY`)
+        #: set by this generation's first building call (:meth:`.CompiledGrammar.call_building`,
+        #: from a mask or a token's bytes): until then a mask skips the read-only walk (see
+        #: :data:`.matcher.SKIP_FIRST_READ_ONLY`)
         self.walked = False
         #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
         #: whole states in Python (:meth:`_expand_one`, the reference)

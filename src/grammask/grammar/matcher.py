@@ -38,7 +38,7 @@ _SCAN_ORDER = np.array(_FIRST + [b for b in range(256) if b not in _FIRST], np.i
 MAX_SKIP_STATES = 1024
 #: a lexer generation's first mask goes straight to the building call (:meth:`fill_words`): its
 #: walk meets states not built yet (the compile's warm-up builds only the initial state's
-#: neighbourhood; every first mask of the 1-in-20 MaskBench sample's median schemas needed the
+#: neighbourhood; the first masks of the 1-in-20 MaskBench sample's median schemas went on to the
 #: building call), so the read-only call before it was ~28 us of the time to first mask for nothing
 SKIP_FIRST_READ_ONLY = True
 _FILL_ERROR = "internal error: the mask kernel did not settle"
