@@ -146,3 +146,19 @@ def test_the_work_clock_does_not_charge_numba_compilation():
     assert j1 - j0 <= (m1 - m0) + 1e-6   # within the elapsed time
     # what is left is the call itself, a small part of a compilation's ~0.1 s or more
     assert (w1 - w0) < 0.5 * (m1 - m0)
+
+
+def test_the_flat_grammars_names_are_not_walked_by_the_garbage_collector():
+    # they live as long as the compiled grammar: a list is walked at every full collection (a
+    # large schema's 48k references were tens of milliseconds inside a mask); a tuple of strings
+    # stops being tracked after a collection, an array never is
+    import gc
+
+    from grammask import GrammarCompiler, TokenizerInfo
+
+    info = TokenizerInfo([b"", b"a", b"b", b"ab"], stop_token_ids=[0])
+    cg = GrammarCompiler(info, cache_enabled=False).compile_grammar('root ::= x x\nx ::= "a" | "b" | x "ab"')
+    flat = cg.flat
+    gc.collect()
+    assert not gc.is_tracked(flat.name_src) and not gc.is_tracked(flat.name_ids)
+    assert "x" in flat.names and all(isinstance(n, str) for n in flat.names)

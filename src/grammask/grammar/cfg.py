@@ -157,9 +157,12 @@ class FlatGrammar:
     accept_pos: int            # position of SYM_END of S' -> root
     lexemes: list[int]         # lexeme index -> expression id
     #: the lowered grammar's names and the one of each table nonterminal but the start rule's
-    #: (read by :attr:`names`: helper names are spelled only when shown)
-    name_src: list[str] = field(default_factory=list, repr=False)
-    name_ids: list[int] = field(default_factory=list, repr=False)
+    #: (read by :attr:`names`: helper names are spelled only when shown). A tuple of strings and an
+    #: array, not lists: they live as long as the grammar, and the garbage collector walks a list
+    #: at every full collection (a large schema's were 48k references, a collection of tens of
+    #: milliseconds on a cold cache, inside a mask), where a tuple of strings stops being tracked
+    name_src: tuple = field(default_factory=tuple, repr=False)
+    name_ids: "np.ndarray | tuple" = field(default_factory=tuple, repr=False)
 
     @property
     def names(self) -> list[str]:
@@ -791,7 +794,7 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
     return FlatGrammar(
         sym=i32(sym), end_lhs=end_lhs, prod_start=i32(prod_start), nt_prod_lo=i32(lo),
         nt_prod_hi=i32(hi), nt_nullable=nul, start_nt=start, accept_pos=accept_pos,
-        lexemes=lexemes, name_src=names, name_ids=nts,
+        lexemes=lexemes, name_src=tuple(names), name_ids=tuple(nts),
     )
 
 
@@ -1087,5 +1090,5 @@ def _flatten_compiled(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: i
     return FlatGrammar(
         sym=sym, end_lhs=end_lhs, prod_start=prod_start, nt_prod_lo=lo, nt_prod_hi=hi, nt_nullable=nul,
         start_nt=lo.shape[0] - 1, accept_pos=sym.shape[0] - 1, lexemes=lexemes.tolist(),
-        name_src=names, name_ids=kept.tolist(),
+        name_src=tuple(names), name_ids=kept,
     )
