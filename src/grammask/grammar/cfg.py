@@ -162,7 +162,7 @@ class FlatGrammar:
     #: at every full collection (a large schema's were 48k references, a collection of tens of
     #: milliseconds on a cold cache, inside a mask), where a tuple of strings stops being tracked
     name_src: tuple = field(default_factory=tuple, repr=False)
-    name_ids: "np.ndarray | tuple" = field(default_factory=tuple, repr=False)
+    name_ids: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
 
     @property
     def names(self) -> list[str]:
@@ -794,7 +794,7 @@ def _flatten(ex: ExprSet, rules: dict[int, list[list[int]]], root_id: int, names
     return FlatGrammar(
         sym=i32(sym), end_lhs=end_lhs, prod_start=i32(prod_start), nt_prod_lo=i32(lo),
         nt_prod_hi=i32(hi), nt_nullable=nul, start_nt=start, accept_pos=accept_pos,
-        lexemes=lexemes, name_src=tuple(names), name_ids=tuple(nts),
+        lexemes=lexemes, name_src=tuple(names), name_ids=np.array(nts, np.int64),
     )
 
 

@@ -193,7 +193,6 @@ class CompiledGrammar:
             missing.counts[:] = 0
             r = kernel(*head, self.G, lexer.tables, stack.arrays, missing, *tail, XE)
             lexer.after_inline(XE)
-            lexer.walked = True
         return r
 
     def resolve(self, status: int, stack: ParseStack, M: MissingRequests, lexer: Lexer | None = None) -> None:

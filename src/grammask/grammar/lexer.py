@@ -531,10 +531,6 @@ class Lexer:
         self.inline_rounds = 0
         #: of those, the rounds that needed Python
         self.inline_failed = 0
-        #: set by this generation's first building call (:meth:`.CompiledGrammar.call_building`,
-        #: from a mask or a token's bytes): until then a mask skips the read-only walk (see
-        #: :data:`.matcher.SKIP_FIRST_READ_ONLY`)
-        self.walked = False
         #: states are built by the compiled expansion (:mod:`.lexdfa`); False: by derivatives of
         #: whole states in Python (:meth:`_expand_one`, the reference)
         self.eager = self.eager_default(eager)
@@ -552,6 +548,14 @@ class Lexer:
         store, so a kernel never sees arrays from two different moments."""
         self.tables = kstruct(LexerTables(self.trans, self.state_acc, self.acc_off, self.acc_lex,
                                           self.st_keys, self.st_vals))
+
+    @property
+    def walked(self) -> bool:
+        """Whether a building call (:meth:`.CompiledGrammar.call_building`, from a mask or a
+        token's bytes) ran in this generation: it made the expander, kept from then on (until
+        then a mask skips the read-only walk, :data:`.matcher.SKIP_FIRST_READ_ONLY`, which reads
+        ``_expander`` inline on its hot path)."""
+        return self._expander is not None
 
     # ---------------------------------------------------------------- states
     @property

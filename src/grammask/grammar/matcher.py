@@ -320,7 +320,7 @@ class GrammarMatcher:
         if lexer.eager:
             # the read-only call stops at the first state not built (the building call walks
             # the whole trie again; what the read-only one recorded past that would be dropped)
-            if lexer.walked or not SKIP_FIRST_READ_ONLY:
+            if lexer._expander is not None or not SKIP_FIRST_READ_ONLY:   # (Lexer.walked, inline)
                 cnt = M.counts
                 cnt[STOP_AT_MISSING] = 1
                 st = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail)
