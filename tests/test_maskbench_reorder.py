@@ -118,3 +118,23 @@ def test_the_schema_order_follows_the_branch_the_data_takes(engine):
         assert json.dumps(schema_key_order(schema, schema, data)) == want
         text = reorder_keys(engine, compiled, data, max_checks=1, schema=schema)
         assert text == want and _accepted(engine, compiled, text), data
+
+
+def test_the_search_leaves_no_reference_cycle(engine):
+    """Its recursive generators must not keep the grammar in a cycle: one freed only by a full
+    collection made the worker pay for it inside a later schema's timed masks."""
+    import gc
+    import weakref
+
+    compiled = engine.compile(SCHEMA)
+    gone = weakref.ref(compiled)
+    gc.collect()
+    gc.disable()
+    try:
+        assert reorder_keys(engine, compiled, {"meta": {"y": "b", "x": True}, "size": 3, "id": 7}) is not None
+        assert reorder_keys(engine, compiled, {"size": -1, "id": 7}) is None
+        del compiled
+        assert gone() is None, "the grammar outlived the search: held by a reference cycle"
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
