@@ -537,6 +537,7 @@ def worker(name: str, tok_path: str, conn, gc_freeze: bool = True) -> None:
                    "tbm_us": [], "tests": []}
         res["peak_rss_mib"] = _peak_rss_mib()
         res["gc_pauses_ms"] = [p * 1e3 for p in timer.pauses]
+        res["gc_freed"] = sum(timer.freed)
         res["jit_compiles"] = jit.take()
         conn.send(("result", res))
 
@@ -639,6 +640,7 @@ def summarize(name: str, results: list[dict], splits: list[str], ids: list[str] 
             last = r["peak_rss_mib"]
     s["rss_rises"] = sorted(rises, reverse=True)[:3]
     s["gc_pauses_ms"] = sorted(p for r in results for p in r.get("gc_pauses_ms", ()))
+    s["gc_freed"] = sum(r.get("gc_freed", 0) for r in results)
     # the schemas during which the longest full collections ran (to rerun them alone)
     s["gc_worst"] = sorted(((max(r["gc_pauses_ms"]), sid) for r, sid in zip(results, ids or [""] * len(results))
                             if r.get("gc_pauses_ms")), reverse=True)[:4]
@@ -750,13 +752,15 @@ def report(summaries: list[dict], args, n_schemas: int, elapsed: float) -> str:
     for s in summaries:
         g = s.get("gc_pauses_ms", [])
         rows.append([s["engine"], len(g), fmt(sum(g) / 1e3, 2), fmt(pct(g, 50), 1) if g else "-",
-                     fmt(g[-1], 1) if g else "-", sum(1 for p in g if p > 50)])
+                     fmt(g[-1], 1) if g else "-", sum(1 for p in g if p > 50), f"{s.get('gc_freed', 0):,}"])
     frozen = "frozen once the worker was ready" if not getattr(args, "no_gc_freeze", False) else "not frozen"
     lines += ["### Full garbage collections in the worker (generation 2)", "",
               f"Startup heap {frozen} (`gc.freeze`, as a server after its start: `src/grammask/pipeline/gc_heap.py`). "
               "Pauses are timed over each schema's compile, masks and key-order searches; one that falls "
-              "inside a timed mask is part of that mask's time.", "",
-              md_table(["engine", "collections", "total (s)", "p50 (ms)", "longest (ms)", "over 50 ms"], rows), ""]
+              "inside a timed mask is part of that mask's time. \"objects freed\": what they found unreachable "
+              "(reference cycles, which reference counting cannot free), all collections together.", "",
+              md_table(["engine", "collections", "total (s)", "p50 (ms)", "longest (ms)", "over 50 ms", "objects freed"],
+                       rows), ""]
     worst = [f"{s['engine']}: " + ", ".join(f"{sid} ({ms:,.1f} ms)" for ms, sid in s["gc_worst"])
              for s in summaries if s.get("gc_worst")]
     if worst:

@@ -54,8 +54,12 @@ def test_the_timer_records_full_collections_only(unfrozen):
         gc.collect(1)
         assert t.pauses == []
         gc.collect()
+        cycles = [_Cycle() for _ in range(100)]
+        del cycles
         gc.collect(2)
     assert len(t.pauses) == 2 and all(p >= 0 for p in t.pauses)
+    # what each freed: the second found the 100 dropped cycles (instance and its __dict__ each)
+    assert len(t.freed) == 2 and t.freed[1] >= 100
     gc.collect()   # removed from gc.callbacks on exit
     assert len(t.pauses) == 2
     assert t._callback not in gc.callbacks
