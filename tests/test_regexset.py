@@ -879,3 +879,50 @@ def test_node_arguments_are_read_again_past_the_memos_bound(monkeypatch):
             assert len(ex.args) <= 3
     with pytest.raises(IndexError):
         ex.args[n + 10]
+
+
+def _may_be_infinite_reference(ex: ExprSet, e: int) -> bool:
+    """The rules of ``ExprSet.may_be_infinite`` read from the nodes' arguments, recursively (the
+    Python walk the compiled one replaced)."""
+    from grammask.grammar.regexset import CONCAT, INF, NOT, OR, REPEAT
+    k = ex.kind[e]
+    if k == REPEAT:
+        return ex.args[e][2] == INF or _may_be_infinite_reference(ex, ex.args[e][0])
+    if k == NOT:
+        return True
+    if k == AND:
+        return all(_may_be_infinite_reference(ex, x) for x in ex.args[e])
+    if k == OR:
+        return any(_may_be_infinite_reference(ex, x) for x in ex.args[e])
+    if k == CONCAT:
+        return any(_may_be_infinite_reference(ex, x) for x in ex.args[e])
+    return False
+
+
+@pytest.mark.parametrize("pattern,finite", [
+    ("abc", True), ("a|bc|", True), ("(ab){3,7}c", True), ("(ab|c){2,}d?", False), ("x*", False),
+    ("[^a]{5}(q|rs){0,4}", True), ("(((ab){2}c){3}|d{20})e", True), ("a{3}(b|cd)+", False),
+])
+def test_may_be_infinite_follows_its_rules_on_every_node(pattern, finite):
+    """The compiled answer (nodestore.may_be_infinite_of) on hand-checked patterns, and on every
+    node made along the way (large alternations, intersections, complements, counted repeats
+    nested in concatenations) against the rules read recursively from the nodes: first from
+    the top nodes with nothing memoised (one walk answers all below), then node by node."""
+    ex = ExprSet()
+    e = parse_regex(pattern, ex)
+    words = [ex.literal("k%d%s" % (i, "y" * (i % 5))) for i in range(400)]
+    keys = ex.alt(*words)
+    star = parse_regex("[a-z]*", ex)
+    built = [
+        keys, ex.concat(keys, ex.literal('":')), ex.repeat(keys, 0, 3), ex.repeat(keys, 2, None),
+        ex.intersect(star, ex.complement(keys)), ex.intersect(keys, ex.complement(star)),
+        ex.intersect(ex.repeat(keys, 1, None), star), ex.complement(keys),
+        ex.concat(ex.literal("a"), ex.concat(ex.repeat(parse_regex("b", ex), 1, 4), ex.concat(star, keys))),
+        ex.alt(keys, ex.intersect(star, ex.repeat(parse_regex("[ab]", ex), 0, 9))),
+    ]
+    want = [_may_be_infinite_reference(ex, x) for x in built]
+    assert [ex.may_be_infinite(x) for x in reversed(built)] == want[::-1]
+    assert ex.may_be_infinite(e) is (not finite)
+    for x in range(len(ex.kind)):
+        assert ex.may_be_infinite(x) is _may_be_infinite_reference(ex, x), x
+    assert ex.may_be_infinite(ex.EMPTY) is False and ex.may_be_infinite(ex.EPS) is False

@@ -1123,6 +1123,79 @@ def min_length_of(S, e, memo):
 
 
 @njit(nogil=True, cache=True)
+def may_be_infinite_of(S, e, memo):
+    """0 when the language of ``e`` is certainly finite (no unbounded repetition, and no
+    complement that could make it infinite), else 1; memoised per node in ``memo`` (int8, -1: not
+    known; at least as long as the store's nodes). Post order over the DAG, the rules of
+    :meth:`.regexset.ExprSet.may_be_infinite`: a complement may be infinite, an intersection is
+    when all its operands may be, a union or concatenation when one may be."""
+    kind = S.kind
+    sa = S.a
+    sb = S.b
+    sc = S.c
+    pool = S.pool
+    stack = np.empty(64, np.int64)
+    stack[0] = e
+    sp = 1
+    while sp > 0:
+        x = stack[sp - 1]
+        if memo[x] >= 0:
+            sp -= 1
+            continue
+        k = kind[x]
+        if k == NOT:
+            memo[x] = 1
+        elif k == REPEAT and sc[x] == INF:
+            memo[x] = 1
+        elif k == CONCAT or k == OR or k == AND or k == REPEAT:
+            if k == CONCAT:
+                nk = 2
+            elif k == REPEAT:
+                nk = 1
+            else:
+                nk = sb[x]
+            pushed = False
+            for j in range(nk):
+                if k == CONCAT:
+                    y = sa[x] if j == 0 else sb[x]
+                elif k == REPEAT:
+                    y = sa[x]
+                else:
+                    y = pool[sa[x] + j]
+                if memo[y] < 0:
+                    if sp == stack.shape[0]:
+                        stack = _grow1(stack)
+                    stack[sp] = y
+                    sp += 1
+                    pushed = True
+            if pushed:
+                continue
+            if k == AND:
+                r = 1
+                for j in range(nk):
+                    if memo[pool[sa[x] + j]] == 0:
+                        r = 0
+                        break
+            else:
+                r = 0
+                for j in range(nk):
+                    if k == CONCAT:
+                        y = sa[x] if j == 0 else sb[x]
+                    elif k == REPEAT:
+                        y = sa[x]
+                    else:
+                        y = pool[sa[x] + j]
+                    if memo[y] == 1:
+                        r = 1
+                        break
+            memo[x] = r
+        else:
+            memo[x] = 0
+        sp -= 1
+    return memo[e]
+
+
+@njit(nogil=True, cache=True)
 def ladder_next(S, e, n):
     """The next rung of ``e`` whose transitions are ``S.tw[:n]``/``S.tt[:n]`` (see
     :meth:`.regexset.ExprSet.ladder_next`, the same rule), or -1."""

@@ -103,6 +103,7 @@ _py_literal = FastCall(ns.py_literal)
 _py_transitions = FastCall(ns.py_transitions)
 _py_counted_moves = FastCall(ns.py_counted_moves)
 _min_length_of = FastCall(ns.min_length_of)
+_may_be_infinite_of = FastCall(ns.may_be_infinite_of)
 _need_put = FastCall(ns.need_put)
 _need_rehash = FastCall(ns.need_rehash)
 _rehash_nodes = ns.rehash_nodes
@@ -264,6 +265,7 @@ class ExprSet:
         self._alive: dict[int, bool] = {}
         self._minlen: dict[int, float] = {}
         self._unbounded: dict[int, bool] = {}
+        self._unbounded_arr = np.full(0, -1, np.int8)   # node -> may_be_infinite (-1: not known), compiled
         self._subset_cache: dict[int, bool] = {}   # c << 32 | x
         self._fm: dict[int, tuple[int, ...]] = {}  # sorted first-byte masks
         self._partition_cache: dict[tuple[int, ...], tuple[int, ...]] = {}
@@ -1542,24 +1544,17 @@ class ExprSet:
         r = self._unbounded.get(e)
         if r is not None:
             return r
-        k = self.kind[e]
-        if k == REPEAT:
-            r = self.args[e][2] == INF or self.may_be_infinite(self.args[e][0])
-        elif k == NOT:
-            r = True
-        elif k == AND:
-            r = all(self.may_be_infinite(x) for x in self.args[e])
-        elif k == OR:
-            r = any(self.may_be_infinite(x) for x in self.args[e])
-        elif k == CONCAT:
-            r = False
-            x = e
-            while self.kind[x] == CONCAT and not r:
-                a, x = self.args[x]
-                r = self.may_be_infinite(a)
-            r = r or self.may_be_infinite(x)
-        else:
-            r = False
+        # compiled, over the store's arrays (:func:`.nodestore.may_be_infinite_of`), as
+        # min_length: the first question about a state of many literal keys walked thousands
+        # of nodes here, recursively and reading each node's arguments (~15 ms of one mask of
+        # JsonSchemaStore---clang-format's)
+        memo = self._unbounded_arr
+        n = len(self.kind)
+        if memo.shape[0] < n:
+            new = np.full(max(2 * n, 1024), -1, np.int8)
+            new[:memo.shape[0]] = memo
+            memo = self._unbounded_arr = new
+        r = bool(_may_be_infinite_of(self._S, e, memo))
         self._unbounded[e] = r
         return r
 
