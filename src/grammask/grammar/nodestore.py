@@ -1045,6 +1045,43 @@ def counted_moves(S, x, s, r, new, out):
 MINLEN_INF = 1 << 62
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _n_children(k, sb, x):
+    """How many operands node ``x`` (kind ``k``: a concatenation, union, intersection or
+    repetition) has."""
+    if k == CONCAT:
+        return 2
+    if k == OR or k == AND:
+        return sb[x]
+    return 1
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _child(k, sa, sb, pool, x, j):
+    """Operand ``j`` of node ``x`` (kind ``k``, as :func:`_n_children`)."""
+    if k == CONCAT:
+        return sa[x] if j == 0 else sb[x]
+    if k == OR or k == AND:
+        return pool[sa[x] + j]
+    return sa[x]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _push_unknown(stack, sp, memo, k, sa, sb, pool, x):
+    """Push the operands of ``x`` not in ``memo`` yet (-1), for a post order over the DAG:
+    ``(stack, sp, pushed)`` (the stack grown when full)."""
+    pushed = False
+    for j in range(_n_children(k, sb, x)):
+        y = _child(k, sa, sb, pool, x, j)
+        if memo[y] < 0:
+            if sp == stack.shape[0]:
+                stack = _grow1(stack)
+            stack[sp] = y
+            sp += 1
+            pushed = True
+    return stack, sp, pushed
+
+
 @njit(nogil=True, cache=True)
 def min_length_of(S, e, memo):
     """The length of the shortest word of ``e`` (:data:`MINLEN_INF`: none), memoised per node in
@@ -1076,26 +1113,7 @@ def min_length_of(S, e, memo):
             memo[x] = 0
         else:
             # children first
-            if k == CONCAT:
-                nk = 2
-            elif k == OR:
-                nk = sb[x]
-            else:
-                nk = 1
-            pushed = False
-            for j in range(nk):
-                if k == CONCAT:
-                    y = sa[x] if j == 0 else sb[x]
-                elif k == OR:
-                    y = pool[sa[x] + j]
-                else:
-                    y = sa[x]
-                if memo[y] < 0:
-                    if sp == stack.shape[0]:
-                        stack = _grow1(stack)
-                    stack[sp] = y
-                    sp += 1
-                    pushed = True
+            stack, sp, pushed = _push_unknown(stack, sp, memo, k, sa, sb, pool, x)
             if pushed:
                 continue
             if k == CONCAT:
@@ -1104,7 +1122,7 @@ def min_length_of(S, e, memo):
                     r = MINLEN_INF
             elif k == OR:
                 r = MINLEN_INF
-                for j in range(nk):
+                for j in range(sb[x]):
                     m = memo[pool[sa[x] + j]]
                     if m < r:
                         r = m
@@ -1148,46 +1166,16 @@ def may_be_infinite_of(S, e, memo):
         elif k == REPEAT and sc[x] == INF:
             memo[x] = 1
         elif k == CONCAT or k == OR or k == AND or k == REPEAT:
-            if k == CONCAT:
-                nk = 2
-            elif k == REPEAT:
-                nk = 1
-            else:
-                nk = sb[x]
-            pushed = False
-            for j in range(nk):
-                if k == CONCAT:
-                    y = sa[x] if j == 0 else sb[x]
-                elif k == REPEAT:
-                    y = sa[x]
-                else:
-                    y = pool[sa[x] + j]
-                if memo[y] < 0:
-                    if sp == stack.shape[0]:
-                        stack = _grow1(stack)
-                    stack[sp] = y
-                    sp += 1
-                    pushed = True
+            stack, sp, pushed = _push_unknown(stack, sp, memo, k, sa, sb, pool, x)
             if pushed:
                 continue
-            if k == AND:
-                r = 1
-                for j in range(nk):
-                    if memo[pool[sa[x] + j]] == 0:
-                        r = 0
-                        break
-            else:
-                r = 0
-                for j in range(nk):
-                    if k == CONCAT:
-                        y = sa[x] if j == 0 else sb[x]
-                    elif k == REPEAT:
-                        y = sa[x]
-                    else:
-                        y = pool[sa[x] + j]
-                    if memo[y] == 1:
-                        r = 1
-                        break
+            # an intersection when all its operands may be infinite, the others when one may
+            want = 0 if k == AND else 1
+            r = 1 - want
+            for j in range(_n_children(k, sb, x)):
+                if memo[_child(k, sa, sb, pool, x, j)] == want:
+                    r = want
+                    break
             memo[x] = r
         else:
             memo[x] = 0

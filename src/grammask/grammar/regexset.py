@@ -1538,6 +1538,18 @@ class ExprSet:
             x, y = y, x
         return x == c and self.kind[y] == NOT and not self.may_be_infinite(self.args[y][0])
 
+    def _node_memo(self, name: str) -> np.ndarray:
+        """The per-node memo array ``name`` of a compiled walk (-1: not known), grown to cover
+        every node of the store (its dtype kept)."""
+        memo = getattr(self, name)
+        n = len(self.kind)
+        if memo.shape[0] < n:
+            new = np.full(max(2 * n, 1024), -1, memo.dtype)
+            new[:memo.shape[0]] = memo
+            setattr(self, name, new)
+            memo = new
+        return memo
+
     def may_be_infinite(self, e: int) -> bool:
         """False only when the language of ``e`` is certainly finite (no unbounded repeat
         or complement that could make it infinite)."""
@@ -1548,13 +1560,7 @@ class ExprSet:
         # min_length: the first question about a state of many literal keys walked thousands
         # of nodes here, recursively and reading each node's arguments (~15 ms of one mask of
         # JsonSchemaStore---clang-format's)
-        memo = self._unbounded_arr
-        n = len(self.kind)
-        if memo.shape[0] < n:
-            new = np.full(max(2 * n, 1024), -1, np.int8)
-            new[:memo.shape[0]] = memo
-            memo = self._unbounded_arr = new
-        r = bool(_may_be_infinite_of(self._S, e, memo))
+        r = bool(_may_be_infinite_of(self._S, e, self._node_memo("_unbounded_arr")))
         self._unbounded[e] = r
         return r
 
@@ -1567,13 +1573,7 @@ class ExprSet:
         # compiled, over the store's arrays (:func:`.nodestore.min_length_of`): the first
         # question about a large enum or alternation walked thousands of nodes here, 16 ms in
         # one mask of Github_hard---o79409's
-        memo = self._minlen_arr
-        n = len(self.kind)
-        if memo.shape[0] < n:
-            new = np.full(max(2 * n, 1024), -1, np.int64)
-            new[:memo.shape[0]] = memo
-            memo = self._minlen_arr = new
-        v = _min_length_of(self._S, e, memo)
+        v = _min_length_of(self._S, e, self._node_memo("_minlen_arr"))
         if v == -2:
             raise ValueError("min_length of an intersection or complement")
         r = float("inf") if v >= ns.MINLEN_INF else int(v)
