@@ -5,6 +5,7 @@ import pytest
 
 from grammask.errors import GrammarTooComplexError
 from grammask.grammar.regex import parse_regex
+from grammask.grammar import regexset
 from grammask.grammar.regexset import AND, ExprSet
 
 ALPHABET = b'abc"'
@@ -84,6 +85,45 @@ def test_a_containment_walk_stops_within_16_pairs_of_its_deadline(monkeypatch):
     monkeypatch.undo()
     ex2 = ExprSet()   # (contained: proved without the deadline)
     assert ex2.prefixes_contain(parse_regex("a(ba){0,300}b?", ex2), parse_regex("(ab){0,400}c?", ex2))
+
+
+@pytest.mark.parametrize("pat_u, want", [("(ab){0,400}c?", True), ("(ab){0,290}c?", False)])
+def test_a_proof_cut_short_is_resumed_where_it_stopped(pat_u, want, monkeypatch):
+    # with ``resume`` a proof out of time answers None (not memoised) and goes on at the next
+    # call: with no budget at all each call still explores 15 pairs, so the walk (~1,200 pairs)
+    # ends after some tens of calls with the answer of one uncut walk, no pair explored twice
+    # (the time of all the calls together is not bounded here: a loaded machine may be slow)
+    monkeypatch.setattr(regexset, "MAX_RESUMED_SECONDS", 1e9)
+    ex = ExprSet()
+    s = parse_regex("a(ba){0,300}b?", ex)   # not a repeat: no structural shortcut, a walk
+    u = parse_regex(pat_u, ex)
+    explored = []
+    real = ExprSet.transitions
+    monkeypatch.setattr(ExprSet, "transitions", lambda self, e: explored.append(e) or real(self, e))
+    answers = []
+    while not answers or answers[-1] is None:
+        answers.append(ex.prefixes_contain(s, u, max_seconds=0.0, resume=True))
+        assert len(answers) < 1_000
+    assert answers[-1] is want and len(answers) > 10
+    assert ex._prefix_cache[s << 32 | u] is want and not ex._prefix_partial
+    n_resumed = len(explored)
+    ex2 = ExprSet()
+    explored.clear()
+    assert ex2.prefixes_contain(parse_regex("a(ba){0,300}b?", ex2), parse_regex(pat_u, ex2)) is want
+    assert n_resumed == len(explored)   # the same pairs explored, in the same order
+    # without ``resume`` a proof out of time answers False at once
+    ex3 = ExprSet()
+    assert ex3.prefixes_contain(parse_regex("a(ba){0,300}b?", ex3), parse_regex("(ab){0,400}c?", ex3),
+                                max_seconds=0.0) is False
+
+
+def test_a_resumed_proof_gives_up_after_its_total_budget(monkeypatch):
+    monkeypatch.setattr(regexset, "MAX_RESUMED_SECONDS", 0.0)
+    ex = ExprSet()
+    s = parse_regex("a(ba){0,300}b?", ex)
+    u = parse_regex("(ab){0,400}c?", ex)
+    assert ex.prefixes_contain(s, u, max_seconds=0.0, resume=True) is False
+    assert ex._prefix_cache[s << 32 | u] is False and not ex._prefix_partial
 
 
 def test_proved_pairs_answer_later_questions_about_derivatives():

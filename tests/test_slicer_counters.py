@@ -13,7 +13,7 @@ import pytest
 from _support import llama3_tokenizer_path
 
 from grammask import GrammarCompiler, GrammarMatcher, TokenizerInfo
-from grammask.grammar import slicer
+from grammask.grammar import regexset, slicer
 from grammask.grammar.regex import parse_regex
 from grammask.grammar.regexset import INF, ExprSet
 from grammask.grammar.slicer import capped, max_length
@@ -321,3 +321,57 @@ def test_first_bytes_over_covers_the_first_bytes():
     assert not slicer._first_over(ex._S, np.zeros(len(ex) + 1, np.uint8), np.zeros((len(ex) + 1, 4), np.uint64),
                                   deep, np.empty(8, np.int64))
     assert slicer.first_bytes_over(ex, deep) == slicer._first_bytes_over_py(ex, deep) == ex.first_bytes(deep)
+
+
+def test_proofs_cut_short_go_on_at_the_next_masks_and_end_with_the_same_flags(llama3, monkeypatch):
+    # a budget too short for the longer proofs (a call past its budget still explores 15 pairs
+    # of a walk: see test_regexset): the state's flags are pending, every later call goes on
+    # where the last one stopped, and they end with the flags of one unhurried proof; masks
+    # never change meanwhile
+    schema = {"type": "string", "maxLength": 3000, "pattern": r"^(\S+\s+){0,500}\S+$"}
+    text = '"' + " ".join(["word"] * 20)
+    monkeypatch.setattr(regexset, "MAX_RESUMED_SECONDS", 1e9)   # (no wall-clock limit in a test)
+    monkeypatch.setattr(slicer, "MAX_PROOF_CALLS", 10**6)
+    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 10.0)
+    cg_ref, lx_ref, states_ref = _states_of(llama3, schema, text)
+    want = [cg_ref.slicer_of(lx_ref).skip_flags(s) for s in states_ref]
+    assert any(f[1] for f in want)   # (some slice is proved: the test checks something)
+
+    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 0.0002)
+    cg, lx, states = _states_of(llama3, schema, text)
+    checker = cg.slicer_of(lx)
+    resumed = 0
+    for s, (flags, combo) in list(zip(states, want))[::5]:
+        got = checker.skip_flags(s)
+        while checker.pending(s):
+            resumed += 1
+            got = checker.skip_flags(s)
+            assert resumed < 1_000_000
+        assert np.array_equal(got[0], flags) and got[1] == combo, s
+    assert resumed > 0
+
+    # through the matcher: the same masks as the unhurried grammar's, mask after mask, while the
+    # state cache goes on proving (its entry is built once the proofs are done)
+    m_ref, m = GrammarMatcher(cg_ref), GrammarMatcher(GrammarCompiler(llama3, cache_size=0).compile_json_schema(schema))
+    for ch in text[:40]:
+        for _ in range(3):   # (visits of one state: the proofs go on at each)
+            assert np.array_equal(_mask(m), _mask(m_ref))
+        assert m.accept_string(ch) and m_ref.accept_string(ch)
+
+
+def test_a_state_stops_proving_after_its_last_call(llama3, monkeypatch):
+    schema = {"type": "string", "maxLength": 3000, "pattern": r"^(\S+\s+){0,500}\S+$"}
+    monkeypatch.setattr(regexset, "MAX_RESUMED_SECONDS", 1e9)
+    monkeypatch.setattr(slicer, "STATE_PROOF_SECONDS", 0.0)
+    monkeypatch.setattr(slicer, "MAX_PROOF_CALLS", 3)
+    cg, lx, states = _states_of(llama3, schema, '"' + "word " * 30)
+    checker = cg.slicer_of(lx)
+    s = states[-1]
+    calls = 1
+    checker.skip_flags(s)
+    assert checker.pending(s)
+    while checker.pending(s):
+        checker.skip_flags(s)
+        calls += 1
+    assert calls <= 3
+    assert checker.skip_flags(s) is checker.skip_flags(s)   # final: kept

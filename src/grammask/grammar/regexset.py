@@ -47,6 +47,11 @@ ALL_BYTES = (1 << 256) - 1
 INF = -1
 #: entries of the slice-containment table before it starts over
 MAX_PREFIX_CACHE = 2_000_000
+#: proofs cut short by their time budget and kept to be resumed (``prefixes_contain(...,
+#: resume=True)``) before that table starts over, and the time one proof may take in all its calls
+#: together before it answers "not contained" for good
+MAX_PARTIAL_PROOFS = 64
+MAX_RESUMED_SECONDS = 0.02
 #: repetition counts from this on are refused (the compiled store keeps them in int64)
 MAX_COUNT = 1 << 62
 #: entries of ExprSet.counted_need_bound's memo before it starts over
@@ -277,6 +282,8 @@ class ExprSet:
         #: held by every writer: compilers, lexers and slice checks of all grammars sharing the set
         self.lock = threading.RLock()
         self._prefix_cache: dict[int, bool] = {}   # s << 32 | u
+        #: s << 32 | u -> (pairs seen, pairs to explore, seconds spent): proofs to resume
+        self._prefix_partial: dict[int, tuple] = {}
         # (x << 32 | s) << 32 | r -> an upper bound of the factors of r to begin from the pair
         # (x, s) to a word of x & s r*, or -1 where there is none (see _alive_counted)
         self._counted_memo: dict[int, int] = {}
@@ -1580,10 +1587,17 @@ class ExprSet:
         self._minlen[e] = r
         return r
 
-    def prefixes_contain(self, s: int, u: int, max_pairs: int = 50_000, max_seconds: float = 0.25) -> bool:
+    def prefixes_contain(self, s: int, u: int, max_pairs: int = 50_000, max_seconds: float = 0.25,
+                         resume: bool = False) -> bool | None:
         """True iff every string of ``s`` is a prefix of some string of ``u`` (memoised). Exact,
         except that an exploration beyond ``max_pairs`` pairs or ``max_seconds`` answers False
         (the slicer then walks the slice's trie: slower, never wrong).
+
+        With ``resume``, an exploration cut short by ``max_seconds`` answers None instead and is
+        kept (at most :data:`MAX_PARTIAL_PROOFS` of them): the next call for the same pair goes
+        on from where it stopped, so a long proof is spread over several calls (the slicer's, one
+        per mask) rather than paid in one. Past :data:`MAX_RESUMED_SECONDS` in all it answers
+        False, as a proof out of its budget does.
 
         A successful walk proves the property for every pair it visited (each one's walk is part
         of it): they are all remembered, so a later question about a derivative of ``u`` (the
@@ -1595,33 +1609,41 @@ class ExprSet:
         r = pc.get(key)
         if r is not None:
             return r
-        if len(pc) > MAX_PREFIX_CACHE:
-            pc.clear()
-        if self.may_be_infinite(s) and not self.may_be_infinite(u):
-            # a finite language has finitely many prefixes (deep in a counted string such as
-            # ``maxLength: 65535`` this saves exploring the whole counter); False is the safe
-            # answer if ``s`` happens to be finite after all
-            self._prefix_cache[key] = False
-            return False
-        if self._repeat_covers(s, u):
-            self._prefix_cache[key] = True
-            return True
-        deadline = time.monotonic() + max_seconds
         first_bytes = self.first_bytes
-        seen = {(s, u)}
-        # breadth first, each pair checked as it is met rather than when it is explored: a
-        # string of ``s`` that is no prefix of ``u`` is found at its shortest, and one byte
-        # earlier (a slice of all UTF-8 characters against a class of some letters fails at
-        # its second byte, not after a depth-first walk through all the longer characters)
-        todo = deque([(s, u)])
-        r = not first_bytes(s) & ~first_bytes(u)
+        partial = self._prefix_partial.pop(key, None) if resume else None
+        if partial is None:
+            if len(pc) > MAX_PREFIX_CACHE:
+                pc.clear()
+            if self.may_be_infinite(s) and not self.may_be_infinite(u):
+                # a finite language has finitely many prefixes (deep in a counted string such as
+                # ``maxLength: 65535`` this saves exploring the whole counter); False is the safe
+                # answer if ``s`` happens to be finite after all
+                self._prefix_cache[key] = False
+                return False
+            if self._repeat_covers(s, u):
+                self._prefix_cache[key] = True
+                return True
+            seen = {(s, u)}
+            # breadth first, each pair checked as it is met rather than when it is explored: a
+            # string of ``s`` that is no prefix of ``u`` is found at its shortest, and one byte
+            # earlier (a slice of all UTF-8 characters against a class of some letters fails at
+            # its second byte, not after a depth-first walk through all the longer characters)
+            todo = deque([(s, u)])
+            spent = 0.0
+            r = not first_bytes(s) & ~first_bytes(u)
+        else:
+            seen, todo, spent = partial
+            r = True
+        start = time.monotonic()
+        deadline = start + max_seconds
         steps = 0
+        cut = False
         while todo and r:
             # the clock read every 16 pairs explored (a pair's transitions may each cost tens of
             # microseconds: counted repetitions; ``len(seen) & 63`` could step over its zeros)
             steps += 1
             if steps & 15 == 0 and time.monotonic() > deadline:
-                r = False
+                cut = True
                 break
             x, y = todo.popleft()
             ty = self.transitions(y)
@@ -1637,6 +1659,15 @@ class ExprSet:
                         todo.append((x2, y2))
                 if not r:
                     break
+        if cut:
+            spent += time.monotonic() - start
+            if resume and spent < MAX_RESUMED_SECONDS:
+                part = self._prefix_partial
+                if len(part) >= MAX_PARTIAL_PROOFS:
+                    part.clear()
+                part[key] = (seen, todo, spent)
+                return None
+            r = False
         if r:
             for x, y in seen:
                 pc[x << 32 | y] = True

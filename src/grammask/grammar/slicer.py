@@ -70,11 +70,14 @@ def slice_expr(pattern: str, ex: ExprSet) -> int:
     return ex.concat(ex.star(parse_regex(r'[^"\\\x00-\x1F\x7F]', ex)), partial)
 MAX_DFA_STATES = 4096
 MAX_CHECK_PAIRS = 50_000
-#: time allowed to the containment proofs of one lexer state (all its slices together); an
-#: unfinished proof answers "not contained": the kernel then walks that slice's tokens (0.25 s
-#: until 2026-11, then 0.03 s: the slowest masks of MaskBench were proofs running out of it;
-#: docs/slicer.md)
-STATE_PROOF_SECONDS = 0.01
+#: time allowed to the containment proofs of one lexer state (all its slices together) in one
+#: call (one mask); an unfinished proof answers "not contained" for now (the kernel walks that
+#: slice's tokens) and goes on at the state's next mask (0.25 s until 2026-11, then 0.03 s, then
+#: 0.01 s in one call: the slowest masks of MaskBench were proofs running out of it; docs/slicer.md)
+STATE_PROOF_SECONDS = 0.004
+#: calls of :meth:`SliceChecker.skip_flags` (one per mask that meets the state before its state
+#: cache entry is built) that may go on with a state's unfinished proofs
+MAX_PROOF_CALLS = 6
 #: entries of an ExprSet's memo of skip flags per set of member expressions before it is cleared
 #: (~100 bytes each, more for states of many members)
 MAX_SHARED_FLAGS = 50_000
@@ -270,6 +273,8 @@ class SliceChecker:
             #: combination -> its flags as the kernels read them (at most 2 ** slices)
             self._flag_arrays = ex.__dict__.setdefault("_skip_flag_arrays", {}).setdefault(patterns, {})
         self._cache: dict[int, tuple[np.ndarray, int]] = {}
+        #: state -> calls of :meth:`skip_flags` so far, for the states whose proofs are unfinished
+        self._pending: dict[int, int] = {}
 
     @property
     def lexer(self):
@@ -279,7 +284,12 @@ class SliceChecker:
         """(per-slice skip flags, their combination index) for lexer state ``s``: per state, and
         per set of member expressions in the ExprSet (the flags depend on those alone: every
         grammar compiled into the ExprSet shares them, as a string's states recur in most
-        schemas)."""
+        schemas).
+
+        A state whose proofs ran out of this call's budget (:data:`STATE_PROOF_SECONDS`) gets
+        the flags proved so far and stays :meth:`pending`: its next call resumes the proofs where
+        they stopped, at most :data:`MAX_PROOF_CALLS` calls in all (the last one's flags are
+        then kept, unproved slices walked)."""
         f = self._cache.get(s)
         if f is None:
             lexer = self.lexer
@@ -290,26 +300,43 @@ class SliceChecker:
             xs = lexer.member_exprs(s)
             key = pack_ids(xs)
             combo = self._shared.get(key)
+            pending = False
             if combo is None:
-                combo = put_bounded(self._shared, key, self._prove(lexer, s, xs), MAX_SHARED_FLAGS)
+                combo, pending = self._prove(lexer, s, xs)
+                calls = self._pending.get(s, 0) + 1
+                if pending and calls < MAX_PROOF_CALLS:
+                    self._pending[s] = calls
+                else:
+                    pending = False
+                    put_bounded(self._shared, key, combo, MAX_SHARED_FLAGS)
             arr = self._flag_arrays.get(combo)
             if arr is None:   # one array per combination, shared (kernels only read it)
                 arr = self._flag_arrays[combo] = np.array([combo >> k & 1 for k in range(len(self.exprs))], np.int32)
-            f = self._cache[s] = (arr, combo)
+            f = (arr, combo)
+            if not pending:
+                self._cache[s] = f
+                self._pending.pop(s, None)
         return f
 
-    def _prove(self, lexer, s: int, xs: list[int]) -> int:
+    def pending(self, s: int) -> bool:
+        """Whether state ``s``'s last :meth:`skip_flags` were cut short by the budget (the next
+        call goes on proving)."""
+        return s in self._pending
+
+    def _prove(self, lexer, s: int, xs: list[int]) -> tuple[int, bool]:
         """The combination of :meth:`skip_flags` of state ``s`` (expanded; ``xs``: its members'
-        expressions, sorted and distinct), proved (bit ``k``: slice ``k`` is contained)."""
+        expressions, sorted and distinct), proved (bit ``k``: slice ``k`` is contained), and
+        whether a proof was cut short by the budget (to be resumed)."""
         # a slice whose strings may begin with a byte on which the state's row is dead
         # (no member lives after it) is not contained: no proof needed. Most states
         # outside strings end here (an expanded row is never written again: read unlocked).
         live = _live_slices(lexer.trans, s, self._first_table)
         todo = [k for k in range(len(self.exprs)) if live >> k & 1]
         if not todo:
-            return 0
+            return 0, False
         known = dict.fromkeys(todo)
         with lexer.lock, lexer.counting():
+            self._one_more = True   # (:meth:`_settle`; the lock held: one proving call at a time)
             # one time budget for all the slices of a state: a state whose first proof runs
             # out of time rarely has cheap ones after it, and the mask waits for all of them
             deadline = time.monotonic() + STATE_PROOF_SECONDS
@@ -329,12 +356,12 @@ class SliceChecker:
             if None in known.values():
                 # the union of the state's expressions: the same for every slice
                 self._settle(ex, ex.alt(*xs), known, deadline)
-        return _combination(known)
+        return _combination(known), None in known.values()
 
     def _member_combo(self, ex: ExprSet, x: int, deadline: float) -> int:
         """The combination of the slices contained in expression ``x`` alone (as a state of that
-        one member would have it: the same shared table), proved if not known; not kept when the
-        state's budget ran out meanwhile (a proof cut short says "not contained")."""
+        one member would have it: the same shared table), proved if not known; not kept while a
+        proof of it is cut short (resumed at the next call)."""
         key = pack_ids((x,))
         c = self._shared.get(key)
         if c is None:
@@ -342,13 +369,15 @@ class SliceChecker:
             known = {k: None for k, f in enumerate(self._first_ints) if f & ~first == 0}
             self._settle(ex, x, known, deadline)
             c = _combination(known)
-            if time.monotonic() < deadline:
+            if None not in known.values():
                 put_bounded(self._shared, key, c, MAX_SHARED_FLAGS)
         return c
 
     def _settle(self, ex: ExprSet, u: int, known: dict, deadline: float) -> None:
         """Decide the slices of ``known`` still None (True: contained in ``u``'s prefixes;
-        False: not, or not proved before ``deadline``)."""
+        False: not, or not proved within :data:`~.regexset.MAX_RESUMED_SECONDS`); those left
+        None when ``deadline`` passes are proved by a later call, which resumes the proof it
+        cut short."""
         # slices whose strings are all prefixes of another's strings (``{1,10}`` of
         # ``{11,30}``'s) follow from it: a slice contained makes those below it
         # contained, one not contained (or not proved) those above it not proved.
@@ -361,22 +390,33 @@ class SliceChecker:
                 return
             k = max(left, key=(lambda j: len(below[j])) if up else (lambda j: len(above[j])))
             rest = deadline - time.monotonic()
-            up = rest > 0 and self._contained(ex, u, self.exprs[k], rest)
+            if rest <= 0:
+                # past the budget, a call still takes one step (the first of its proofs it
+                # meets explores a few pairs: :meth:`.ExprSet.prefixes_contain`), so that every
+                # call goes on however slow the machine
+                if not self._one_more:
+                    return
+                rest = 0.0
+            self._one_more = False
+            up = self._contained(ex, u, self.exprs[k], rest)
+            if up is None:
+                return
             known[k] = up
             for j in (below[k] if up else above[k]):
                 if j in known and known[j] is None:
                     known[j] = up
 
     @staticmethod
-    def _contained(ex: ExprSet, u: int, e: int, max_seconds: float) -> bool:
+    def _contained(ex: ExprSet, u: int, e: int, max_seconds: float) -> bool | None:
         """Every string of slice ``e`` keeps a lexer state alive: the same as every string of
         ``e`` being a prefix of ``u``, the union of the state's expressions (cached in the
         ExprSet, so shared by every grammar compiled into it). Counters the slice cannot reach
-        are capped first (see the module docstring)."""
+        are capped first (see the module docstring). None: cut short by ``max_seconds`` (the
+        next call for the same pair resumes it)."""
         n = max_length(ex, e)
         if n != INF:
             u = capped(ex, u, n)
-        return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds)
+        return ex.prefixes_contain(e, u, MAX_CHECK_PAIRS, max_seconds, resume=True)
 
 
 def _combination(known: dict) -> int:

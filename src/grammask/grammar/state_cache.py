@@ -442,8 +442,18 @@ class StateMaskCache:
                 e[3:5] = self._adopt(s, combo)   # one store: a reader on another thread sees both or neither
         if e[3] is None:
             v = e[2] = e[2] + 1
+            due = v & (v - 1) == 0
+            if self.slicer.pending(s):
+                if v == 1:
+                    return e
+                # the proofs the first visit ran out of time for go on (one budget a visit):
+                # the entry is built once they are done, with the flags they proved
+                e[0:2] = self.slicer.skip_flags(s)   # one store, as below
+                if self.slicer.pending(s):
+                    return e
+                due = True
             # on the second visit, then (a scan that met unexpanded states) at visits 4, 8, ...
-            if v >= BUILD_AFTER and v & (v - 1) == 0 and self.nbytes < self.max_bytes:
+            if v >= BUILD_AFTER and due and self.nbytes < self.max_bytes:
                 e[3:5] = self._build(s, e[0], e[1])
         return e
 
