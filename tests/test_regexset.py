@@ -966,3 +966,19 @@ def test_may_be_infinite_follows_its_rules_on_every_node(pattern, finite):
     for x in range(len(ex.kind)):
         assert ex.may_be_infinite(x) is _may_be_infinite_reference(ex, x), x
     assert ex.may_be_infinite(ex.EMPTY) is False and ex.may_be_infinite(ex.EPS) is False
+
+
+@pytest.mark.parametrize("pattern", ["[A-Za-z\u00aa\u00b5\u00ba\u00c0-\u00d6\u0370-\u03ff\u4e00-\u9fff]",
+                                     r"(\S+\s+){0,9}\S+", r"[0-9]{2,5}(\.[0-9]+)?", "(ab|c){0,9}d", "x*",
+                                     r'[^"\\]{1,10}', "(a|bb){3,40}c{0,30}"])
+def test_the_compiled_dense_dfa_is_the_python_one(pattern):
+    ex = ExprSet()
+    e = parse_regex(pattern, ex)
+    got = ex.dense_dfa(e, 4096)
+    want = ex._dense_dfa_py(e, 4096)
+    assert got is not None and want is not None
+    assert got[0].shape == want[0].shape and (got[0] == want[0]).all() and (got[1] == want[1]).all()
+    n = want[0].shape[0]
+    if n > 1:   # one state short: None from both
+        assert ex.dense_dfa(e, n - 1) is None and ex._dense_dfa_py(e, n - 1) is None
+        assert ex.dense_dfa(e, n) is not None

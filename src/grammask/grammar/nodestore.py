@@ -1011,6 +1011,66 @@ def transitions_of(S, e):
 
 
 @njit(nogil=True, cache=True)
+def dense_dfa_of(S, e, table, ids, keys):
+    """The DFA of ``e`` (no intersection or complement in it: every derivative that is not EMPTY
+    is alive) from its derivatives, breadth first in :func:`transitions_of`'s class order (the
+    numbering of :meth:`.ExprSet.dense_dfa`): ``table[s, b]`` the state after byte ``b`` (-1:
+    dead), ``ids[s]`` its expression, state 0 ``e``; ``keys`` is scratch (a power of two of at
+    least twice ``table``'s rows). Returns the number of states, ``table``'s rows + 1 when it has
+    more, -1 when the store is out of room."""
+    cap = table.shape[0]
+    mask = keys.shape[0] - 1
+    keys[:] = -1
+    ids[0] = e
+    keys[_dfa_slot(keys, ids, e, mask)] = 0
+    n = 1
+    i = 0
+    while i < n:
+        x = ids[i]
+        row = table[i]
+        row[:] = -1
+        m = transitions_of(S, x)
+        if m < 0:
+            return -1
+        for j in range(m):
+            t = S.tt[j]
+            slot = _dfa_slot(keys, ids, t, mask)
+            k = keys[slot]
+            if k < 0:
+                if n >= cap:
+                    return cap + 1
+                k = n
+                ids[n] = t
+                keys[slot] = n
+                n += 1
+            for w in range(4):
+                bits = S.tw[j, w]
+                while bits:
+                    b = ctz64(bits)
+                    row[64 * w + b] = k
+                    bits &= bits - np.uint64(1)
+        i += 1
+    return n
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _dfa_slot(keys, ids, t, mask):
+    """The slot of expression ``t`` in :func:`dense_dfa_of`'s table: where it is, or the empty
+    slot where it goes."""
+    j = np.int64((np.uint64(t) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(40)) & mask
+    while True:
+        k = keys[j]
+        if k < 0 or ids[k] == t:
+            return j
+        j = (j + 1) & mask
+
+
+@njit(nogil=True, cache=True)
+def py_dense_dfa(S, e, table, ids, keys):
+    return _ret(S, dense_dfa_of(S, e, table, ids, keys))
+
+
+@njit(nogil=True, cache=True)
 def counted_moves(S, x, s, r, new, out):
     """The pairs after one byte from the pair ``(x, s)`` of a counted intersection
     ``x & s r{..}`` (see :meth:`.ExprSet._counted_moves`): ``x2 << 32 | s2`` into ``out`` for
