@@ -49,8 +49,9 @@ INF = -1
 MAX_PREFIX_CACHE = 2_000_000
 #: proofs cut short by their time budget and kept to be resumed (``prefixes_contain(...,
 #: resume=True)``) before that table starts over, and the time one proof may take in all its calls
-#: together before it answers "not contained" for good
-MAX_PARTIAL_PROOFS = 64
+#: together before it answers "not contained" for good (a kept walk holds its pairs: tens of
+#: thousands at most, within that time)
+MAX_PARTIAL_PROOFS = 16
 MAX_RESUMED_SECONDS = 0.02
 #: repetition counts from this on are refused (the compiled store keeps them in int64)
 MAX_COUNT = 1 << 62

@@ -11,8 +11,10 @@ Before walking from lexer state ``s``, we check, once per state, whether every s
 regex is a prefix of a word of the union of ``s``'s expressions (:meth:`ExprSet.prefixes_contain`:
 structural shortcuts, else a product exploration of the two derivative automata). If so, every
 token of that slice is allowed: its precomputed mask is OR-ed in and its trie is skipped. The check
-is exact, except that a proof that runs out of its budget (:data:`STATE_PROOF_SECONDS` for all
-slices of a state, :data:`MAX_CHECK_PAIRS`) answers "not contained" and the slice is walked.
+is exact, except that a proof that runs out of its budget answers "not contained" and the slice
+is walked: :data:`STATE_PROOF_SECONDS` for all slices of a state in one mask (a proof cut short
+goes on at the state's next masks, at most :data:`MAX_PROOF_CALLS` of them, before the state cache
+builds its entry), :data:`~.regexset.MAX_RESUMED_SECONDS` for one proof in all, :data:`MAX_CHECK_PAIRS`.
 
 Counters. A slice of bounded length (at most ``n`` bytes) is proved against the state's union with
 every counted repetition ``x{lo,hi}`` capped at ``x{lo,max(lo,n//minlen(x)+1)}`` (:func:`capped`,
@@ -275,6 +277,8 @@ class SliceChecker:
         self._cache: dict[int, tuple[np.ndarray, int]] = {}
         #: state -> calls of :meth:`skip_flags` so far, for the states whose proofs are unfinished
         self._pending: dict[int, int] = {}
+        #: whether the proving call under way may still take its one step past the budget
+        self._one_more = False
 
     @property
     def lexer(self):
