@@ -48,6 +48,8 @@ def walk_stack(depth: int, n_segments: int) -> np.ndarray:
 def _record_state(M, s):
     buf = M.states
     cnt = M.counts
+    if cnt[0] and buf[cnt[0] - 1] == s:
+        return      # the same state again (a row's 256 bytes: allowed_bytes)
     if cnt[0] < buf.shape[0]:
         buf[cnt[0]] = s
         cnt[0] += 1
@@ -739,25 +741,35 @@ def _only_byte(ok):
 
 
 @njit(nogil=True, cache=True)
-def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
+def jump_forward(s, h, lex_len, G, L, P, M, buf, ok, XE):
     """Bytes forced from (s, h): while exactly one byte is possible and the grammar cannot end.
-    Writes them to ``buf``; returns (status, n). ``ok`` is a 256-byte scratch array."""
+    Writes them to ``buf``; returns (status, n). ``ok`` is a 256-byte scratch array. ``XE``: as
+    :func:`fill_mask`'s (with an expander, the states met on the way are built here, where the
+    read-only variant needs a Python round for each byte of forced text that meets one)."""
     n = 0
     while n < buf.shape[0]:
+        m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
         st, e = can_end(s, h, lex_len, G, L, P, M)
         if st != OK:
+            if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                continue
             return st, n
         if e:
             break
         st = allowed_bytes(s, h, G, L, P, M, ok)
         if st != OK:
+            if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                continue
             return st, n
         cnt, only = _only_byte(ok)
         if cnt != 1:
             break
-        st, s, h, _ct = step_slow(only, s, h, h, G, L, P, M)
+        st, s2, h2, _ct = step_slow(only, s, h, h, G, L, P, M)
         if st != OK:
+            if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                continue
             return st, n
+        s, h = s2, h2
         buf[n] = only
         n += 1
         lex_len += 1
@@ -766,7 +778,7 @@ def jump_forward(s, h, lex_len, G, L, P, M, buf, ok):
 
 @njit(nogil=True, cache=True)
 def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, nend, nknown, rank, data, off,
-                 order, ok, cand, out_n, hit, flen, fbuf, nxt):
+                 order, ok, cand, out_n, hit, flen, fbuf, nxt, XE):
     """The bytes the grammar forces right after each candidate token read from (s, h): the
     candidates are the set bits of ``words`` not set in ``skip`` (token ``t``'s bytes being
     ``data[off[t]:off[t + 1]]``). A candidate after which something is forced (as
@@ -785,7 +797,9 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
     after it, ``nend[nidx[t]]`` whether the text may end after it) is decided here, reading only
     those bytes: not reported when one of them may come next (or both may end), else reported
     with ``flen`` -3 (to be dropped). Returns a status (OK, or what the driver must build before
-    calling again)."""
+    calling again). ``XE``: as :func:`fill_mask`'s (with an expander, the states met are built
+    as they are met: the forced text after a new structure meets one per byte, each a Python
+    round of the read-only variant)."""
     n = 0
     for w in range(words.shape[0]):
         v = words[w] & (~skip[w] | probe[w])
@@ -837,13 +851,17 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
         missing = False
         k = d
         while k < ln:
-            st, cs, ch, cache_top = step_slow(data[a + k], cs, ch, cache_top, G, L, P, M)
+            m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
+            st, cs2, ch2, cache_top = step_slow(data[a + k], cs, ch, cache_top, G, L, P, M)
             if st == REJECT:
                 rejected = True
                 break
             if st == MISSING:       # recorded: the next candidates go on, the call is repeated
+                if inline_resolve(XE, M, m0, m1, m2):
+                    continue        # built: the same byte again
                 missing = True
                 break
+            cs, ch = cs2, ch2
             if st != OK:
                 return st
             k += 1
@@ -860,7 +878,11 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
             # stops after a few). A row not expanded yet is expanded first
             live, _b = _lexer_moves(L, cs, order)
             if live < 0:
+                m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
                 _record_state(M, cs)
+                if inline_resolve(XE, M, m0, m1, m2):
+                    live, _b = _lexer_moves(L, cs, order)
+            if live < 0:
                 incomplete = True
                 continue
             if live == 2:
@@ -873,7 +895,10 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                 k = nidx[t]
                 if k >= 0 and nknown[k]:
                     cache_top = min(cache_top, ch)
+                    m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
                     st, live = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
+                    while st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                        st, live = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
                     if st == MISSING:
                         incomplete = True
                         continue
@@ -910,18 +935,26 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                         m += 1
                         ll += 1
                         continue
+                m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
                 st, e = can_end(cs, ch, ll, G, L, P, M)
                 if st != OK:
+                    if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                        continue
                     return st
                 st = allowed_bytes(cs, ch, G, L, P, M, ok)
                 if st != OK:
+                    if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                        continue
                     return st
                 cnt, only = _only_byte(ok)
                 if e or cnt != 1 or m == fbuf.shape[1]:
                     break
-                st, cs, ch, _ct = step_slow(only, cs, ch, ch, G, L, P, M)
+                st, cs2, ch2, _ct = step_slow(only, cs, ch, ch, G, L, P, M)
                 if st != OK:
+                    if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                        continue
                     return st
+                cs, ch = cs2, ch2
                 fbuf[nh, m] = only
                 m += 1
                 ll += 1

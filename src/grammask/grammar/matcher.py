@@ -29,6 +29,9 @@ _fill_mask_cached_x = FastCall(fill_mask_cached)
 _advance_bytes_x = FastCall(advance_bytes)
 _can_end = FastCall(can_end)
 _forced_after = FastCall(forced_after)
+_forced_after_x = FastCall(forced_after)
+_jump_forward = FastCall(jump_forward)
+_jump_forward_x = FastCall(jump_forward)
 _NO_PROBE: dict = {}     # zero probe masks, by width
 _NO_KNOWN: dict = {}     # no probe verdicts, by width
 #: the order forced_after scans a lexer row in: the bytes a JSON or text state most often reads
@@ -165,6 +168,26 @@ class GrammarMatcher:
     def _call(self, fn, *head, tail=()):
         """Run kernel ``fn(*head, G, L, P, M, *tail)`` until it settles (:meth:`CompiledGrammar.run`)."""
         return self.compiled.run(fn, self._stack, self._M, head, tail, lexer=self._lexer)
+
+    def _call_building(self, fn, fx, head: tuple, tail: tuple):
+        """Run a kernel that takes an expander last (``fn``/``fx``: its read-only and building
+        wrappers) until it settles: read-only first (most calls meet only built states); where
+        it met states not built, once more building them as it meets them (an eager lexer,
+        :meth:`CompiledGrammar.call_building`: one call where the read-only variant needs a Python
+        round per state met in a row, e.g. per byte of forced text); the driver's loop for what
+        that left."""
+        comp, lexer, stack, M = self.compiled, self._lexer, self._stack, self._M
+        r = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail, None)
+        st = r[0] if isinstance(r, tuple) else r
+        if st == OK or st == REJECT:
+            return r
+        if st == MISSING and lexer.eager:
+            r = comp.call_building(fx, stack, M, head, tail, lexer)
+            st = r[0] if isinstance(r, tuple) else r
+            if st == OK or st == REJECT:
+                return r
+        comp.resolve(st, stack, M, lexer)
+        return comp.run(fn, stack, M, head, (*tail, None), lexer=lexer)
 
     def _can_end_now(self) -> bool:
         _, e = self._call(_can_end, self._s, self._h, self._lex_len)
@@ -361,7 +384,7 @@ class GrammarMatcher:
             return b""
         self._sync()
         buf = np.zeros(max_bytes, np.uint8)
-        st, n = self._call(jump_forward, self._s, self._h, self._lex_len, tail=(buf, self._ok))
+        st, n = self._call_building(_jump_forward, _jump_forward_x, (self._s, self._h, self._lex_len), (buf, self._ok))
         return bytes(buf[:n])
 
     def forced_after_words(self, words: np.ndarray, max_bytes: int = 32, cached: bool = True,
@@ -402,8 +425,9 @@ class GrammarMatcher:
             flen = np.zeros(cap, np.int64)
             fbuf = np.zeros((cap, max_bytes), np.uint8)
             nxt = np.zeros((cap, 8), np.uint32)
-            self._call(_forced_after, self._s, self._h, self._lex_len,
-                       tail=(words, skip, probe, *known, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n, hit, flen, fbuf, nxt))
+            self._call_building(_forced_after, _forced_after_x, (self._s, self._h, self._lex_len),
+                                (words, skip, probe, *known, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n, hit,
+                                 flen, fbuf, nxt))
             if not out_n[1]:
                 k = int(out_n[0])
                 return hit[:k], flen[:k], fbuf[:k], nxt[:k]
