@@ -38,13 +38,17 @@ import numpy as np
 
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
-from .canonical_split import and_allowed as _and_allowed
+from .canonical_split import and_allowed
 from .canonical_split import ids_of_words as _ids_of_words
-from .canonical_split import one_first_byte as _one_first_byte
+from .canonical_split import one_first_byte
 from .canonical_split import verdict_words as _verdict_words
 from .canonical_spec import CanonicalSpec, canonical_spec
+from .lexdfa import FastCall
 
 OK, NEED_PAIR, REJECT = 0, 1, 2
+# called on every canonical mask: through the entry point of their one signature (no type matching)
+_and_allowed = FastCall(and_allowed)
+_one_first_byte = FastCall(one_first_byte)
 _CONTRACTION = frozenset("strevmld")
 _NO_CONTRACTION = str.maketrans({c: "x" for c in _CONTRACTION})
 _PROBE_CHARS = ["x", ".", " ", "\n", "1", "s", "'", "\t", "\r"]
@@ -749,6 +753,7 @@ class CanonicalState:
     def allowed_words(self, words: np.ndarray) -> None:
         """AND the canonical condition into ``words`` (the grammar's mask of the next token)."""
         ct = self.ct
+        self._nz = -1      # the non-zero words left, where the AND below counts them
         if self.pending:
             self._raw_filter(words)
             return
@@ -767,7 +772,7 @@ class CanonicalState:
             conf = _NO_CONFLICTS.get(ok.shape[0])
             if conf is None:
                 conf = _NO_CONFLICTS[ok.shape[0]] = np.zeros(ok.shape[0], np.uint32)
-        _and_allowed(words, ok, need, conf)
+        self._nz = _and_allowed(words, ok, need, conf)
 
     def _lazy_filter(self, words: np.ndarray, key: tuple, ids: np.ndarray) -> None:
         """The verdicts of only the signatures of the tokens the grammar allows (a small mask on
@@ -871,6 +876,10 @@ class CanonicalState:
         self.push_marker()
         self.tokens, self.pair_ok, self.last, self.pending, self._key = (), (), -1, b"", None
 
+    _in_lookahead = False
+    #: the non-zero words of the mask :meth:`allowed_words` / :meth:`restrict` left (-1: not counted)
+    _nz = -1
+    _restricted_nz = -1
     #: False: no lookahead at all (the mask is then the per-step canonical condition only)
     lookahead = True
     #: the grammar-driven lookahead of :meth:`prune_dead_ends` runs on masks of at most this many
@@ -894,12 +903,15 @@ class CanonicalState:
            canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
            at most; a branch reaching a wider mask, the depth or the budget counts as viable.
         A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
-        if getattr(self, "_in_lookahead", False) or not self.lookahead:
+        if self._in_lookahead or not self.lookahead:
             return
         # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
         # then every candidate starts with them: a wide mask has none (skip the forced-text call);
         # a mask over more than 512 words has neither that nor a candidate list to search
-        nz = np.count_nonzero(words)
+        nz = self._restricted_nz    # counted by restrict() just before (-1: not counted)
+        self._restricted_nz = -1
+        if nz < 0:
+            nz = np.count_nonzero(words)
         narrow = None
         if self.narrow_lookahead:
             narrow = words & self.ct.narrow_words
@@ -1221,11 +1233,17 @@ class CanonicalState:
         """AND the canonical condition into the grammar's mask ``words``; a stop token the grammar
         allows stays allowed iff the text may end here canonically."""
         V = self.ct.vocab_size
-        stops = [t for t in stop_ids if 0 <= t < V and int(words[t >> 5]) >> (t & 31) & 1]
+        stops = None
+        for t in stop_ids:
+            if 0 <= t < V and (words.item(t >> 5) >> (t & 31)) & 1:
+                stops = [t] if stops is None else stops + [t]
         self.allowed_words(words)
+        nz = self._nz
         if stops and self.can_end():
             for t in stops:
                 words[t >> 5] |= np.uint32(1 << (t & 31))
+            nz = -1
+        self._restricted_nz = nz
 
     def _settle(self) -> None:
         """Drop the region's prefix up to the last junction that is a boundary under every

@@ -467,9 +467,15 @@ def probe_bounds(region, probes, probe_len, out, alt_lo, alt_hi, first, kind, ma
 @njit(nogil=True, cache=True)
 def and_allowed(words, ok, need, conf):
     """``words &= ok | (need & ~conf)`` in one pass, no temporaries (the canonical mask update of
-    ``CanonicalState.allowed_words``)."""
+    ``CanonicalState.allowed_words``); returns how many words are left non-zero (what
+    ``CanonicalState.prune_dead_ends`` asks first)."""
+    nz = 0
     for i in range(ok.shape[0]):
-        words[i] &= ok[i] | (need[i] & ~conf[i])
+        w = words[i] & (ok[i] | (need[i] & ~conf[i]))
+        words[i] = w
+        if w:
+            nz += 1
+    return nz
 
 
 @njit(nogil=True, cache=True)

@@ -360,13 +360,14 @@ class GrammarMatcher:
         if w.req[0]:
             mc.requested(w.req)
         if self._canon is not None:
+            # (``words`` is ``n_words`` long here)
             self._fallback_step = False     # (the lookahead below accepts tokens on this matcher)
-            plain = words[:n_words].copy() if self.canonical_fallback else None
-            self._canon.restrict(words[:n_words], self.stop_token_ids)
-            self._canon.prune_dead_ends(self, words[:n_words])
-            self._fallback_step = plain is not None and not words[:n_words].any() and bool(plain.any())
+            plain = words.copy() if self.canonical_fallback else None
+            self._canon.restrict(words, self.stop_token_ids)
+            self._canon.prune_dead_ends(self, words)
+            self._fallback_step = plain is not None and not words.any() and bool(plain.any())
             if self._fallback_step:
-                words[:n_words] = plain
+                words[:] = plain
 
     def _set_stop(self, words: np.ndarray) -> None:
         for t in self.stop_token_ids:
