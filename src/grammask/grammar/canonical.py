@@ -46,6 +46,9 @@ from .canonical_spec import CanonicalSpec, canonical_spec
 from .lexdfa import FastCall
 
 OK, NEED_PAIR, REJECT = 0, 1, 2
+#: a forced-text search's verdict (truthy) when the candidate reached a pre-token boundary that no
+#: future moves within the forced text (:meth:`CanonicalState._forced_viable`)
+CERTAIN = 2
 # called on every canonical mask: through the entry point of their one signature (no type matching)
 _and_allowed = FastCall(and_allowed)
 _one_first_byte = FastCall(one_first_byte)
@@ -897,6 +900,8 @@ class CanonicalState:
            proper prefix of ``F`` must be followed by tokens spelling the rest of ``F`` (or a token
            running past its end), each canonical after the previous one: a search along ``F``
            (memoised per call; the grammar is asked only about a token running past the end).
+           Longest candidate first: one that reaches a pre-token boundary no future moves is the
+           canonical tokenization's token there, so the shorter ones are dropped unsearched.
         2. On masks of at most ``forced_after_words`` non-zero words, the same search along the
            text the grammar forces after each candidate (:meth:`_prune_forced_after`).
         3. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
@@ -936,11 +941,18 @@ class CanonicalState:
             # verdicts that asked the grammar nothing are the tokenizer's alone: kept per tokenizer
             # (``memo`` is shared by the candidates, so none is kept once one asked)
             self._asked = False
-            for k in range(1, len(forced)):
+            # longest first: a candidate found viable up to a pre-token boundary that no future
+            # moves (CERTAIN) is the only one: the canonical tokenization of the text up to that
+            # boundary is unique, and the shorter candidates all end before it
+            unique = False
+            for k in range(min(len(forced) - 1, ct.max_token_len), 0, -1):
                 t = ct.token_of_bytes.get(forced[:k])
                 if t is None or not (words[t >> 5] >> np.uint32(t & 31)) & 1:
                     continue
                 checked.add(t)
+                if unique:
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    continue
                 if here is None:
                     here = (self._region(), self.last, self.pending)
                 key = (here, t, forced)
@@ -949,6 +961,8 @@ class CanonicalState:
                     ok = self._search_after(t, forced, k, memo, key)
                 if not ok:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                elif ok == CERTAIN:
+                    unique = True
             self._fork = self._matcher = None
         if nz <= self.forced_after_words or narrow is not None:
             self._prune_forced_after(matcher, words, checked, narrow)
@@ -1000,7 +1014,7 @@ class CanonicalState:
         ending in a space), a one-step lookahead: dropped when no token canonical after them
         starts with a byte the grammar allows there (and the text may not end there). A mask
         wider than ``forced_after_words`` words has only these read."""
-        sel = words if np.count_nonzero(words) <= self.forced_after_words or narrow is None else narrow
+        sel = words if narrow is None or np.count_nonzero(words) <= self.forced_after_words else narrow
         here = (self._region(), self.last, self.pending)
         known = None
         if narrow is not None:
@@ -1015,21 +1029,27 @@ class CanonicalState:
         try:
             # narrow candidates with nothing forced after them: decided by the kernel (-3: no
             # canonical continuation starts with a byte the grammar allows), or not known yet
-            drop = hit[flen == -3].tolist()
-            probes = np.flatnonzero((flen == 0) | (flen == -2))
-            if len(probes):
-                first, end = self._first_table(hit[probes], here)
-                live = (first & nxt[probes]).any(axis=1) | (end & (flen[probes] == -2))
-                drop += hit[probes[~live]].tolist()
+            # (few hits: read as lists, not with numpy selections)
+            fl, hl = flen.tolist(), hit.tolist()
+            drop = [t for t, n in zip(hl, fl) if n == -3]
+            if narrow is not None:
+                probes = np.flatnonzero((flen == 0) | (flen == -2))
+                if len(probes):
+                    first, end = self._first_table(hit[probes], here)
+                    live = (first & nxt[probes]).any(axis=1) | (end & (flen[probes] == -2))
+                    drop += hit[probes[~live]].tolist()
             for t in drop:
                 if t not in checked:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
-            rest = np.flatnonzero((flen > 0) | (flen == -1))
-            for i, t in zip(rest.tolist(), hit[rest].tolist()):
+            width = fbuf.shape[1]
+            for i, n in enumerate(fl):
+                # text cut at the limit: its end is unknown (kept); -1 (rejected), 0/-2/-3
+                # (probes): nothing to search
+                if n <= 0 or n >= width:
+                    continue
+                t = hl[i]
                 b = tb[t]
-                n = int(flen[i])
-                # text cut at the limit: its end is unknown (kept)
-                if n <= 0 or not b or t in checked or n >= fbuf.shape[1]:
+                if not b or t in checked:
                     continue
                 checked.add(t)
                 tail = fbuf[i, :n].tobytes()
@@ -1122,11 +1142,13 @@ class CanonicalState:
         with tokens spelling ``forced[pos:]`` (the last one may run past its end, if the grammar
         takes what it adds)?"""
         rest = forced[pos:]
-        if not rest:
-            return True
         if len(self.tokens) <= len(self._hist) - self._commit_at:
             # the candidate left the open region: a boundary after it that no text can move, so
-            # it stays canonical whatever follows (the rest has a canonical tokenization of its own)
+            # it stays canonical whatever follows (the rest has a canonical tokenization of its own);
+            # CERTAIN: the tokens up to that boundary are the canonical tokenization of its text,
+            # the only one (prune_dead_ends drops the other candidates then)
+            return CERTAIN
+        if not rest:
             return True
         key = (self._region(), self.last, self.pending, len(rest))
         hit = memo.get(key)
