@@ -987,6 +987,73 @@ def test_literal_starts_that_no_canonical_continuation_spells_are_dropped(monkey
         assert dead > 0
 
 
+_KEYS_SCHEMA = {"type": "object", "properties": {
+    k: {"type": "integer"} for k in ("quantity", "namespaces", "openRegistrations", "Information", "selfDescriptive",
+                                     "dataTableIds", "timezone")}, "additionalProperties": False}
+# two enum values whose canonical tokenizations start with different prefixes of their common
+# forced text 'abadi' ("ab" + "ading", "abad" + "ion"): the longer candidate is viable without
+# reaching a certain boundary, so the shorter one must still be searched
+_KEYS_SCHEMA["properties"]["kind"] = {"enum": ["abading", "abadion"]}
+_KEYS_SCHEMA["required"] = list(_KEYS_SCHEMA["properties"])
+
+
+def test_forced_text_candidates_longest_first_equal_the_full_search():
+    """Candidates that spell a proper prefix of the forced text (a key's first letters) are
+    searched longest first, and one that reaches a pre-token boundary no future moves is the only
+    canonical one: the shorter ones are dropped unsearched. At every step of the canonical
+    tokenization of documents with long forced keys (Llama-3), each such candidate is kept exactly
+    when the full search along the forced text (fresh, no cached verdict) finds it viable, and
+    some were dropped without a search."""
+    from grammask.grammar.canonical import CanonicalState
+
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    compiled = GrammarCompiler(info).compile_json_schema(_KEYS_SCHEMA)
+    searched = []
+    orig = CanonicalState._search_after
+
+    def counting(self, t, forced, pos, memo, key):
+        searched.append(t)
+        return orig(self, t, forced, pos, memo, key)
+
+    tb, V = info.token_bytes, info.vocab_size
+    checked = unsearched = 0
+    for sep, kind in (((", ", ": "), "abading"), ((",", ":"), "abadion")):
+        doc = json.dumps({k: (kind if k == "kind" else i) for i, k in enumerate(_KEYS_SCHEMA["required"])},
+                         separators=sep)
+        m = GrammarMatcher(compiled, canonical=ct)
+        for t in encode(doc):
+            plain = GrammarMatcher.fork(m)
+            plain._canon = None
+            forced = plain.find_jump_forward_bytes(256)
+            pw = np.zeros((V + 31) // 32, np.uint32)
+            plain.fill_words(pw)
+            m.fork()._canon.restrict(pw, m.stop_token_ids)      # the per-step condition alone
+            before = set(np.flatnonzero(np.unpackbits(pw.view(np.uint8), bitorder="little")[:V]).tolist())
+            words = np.zeros((V + 31) // 32, np.uint32)
+            searched.clear()
+            CanonicalState._search_after = counting
+            try:
+                m.fill_words(words)
+            finally:
+                CanonicalState._search_after = orig
+            kept = set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:V]).tolist())
+            assert t in kept
+            for k in range(1, len(forced)):
+                c = ct.token_of_bytes.get(forced[:k])
+                if c is None or c not in before:
+                    continue
+                f = m.fork()
+                cs = f._canon
+                cs._fork, cs._matcher, cs._asked, cs._after_masks = None, f, False, {}
+                full = bool(cs._search_after(c, forced, k, {}, ("test", c, forced)))
+                assert (c in kept) == full, (tb[c], forced, full)
+                checked += 1
+                unsearched += c not in searched and c not in kept
+            assert m.accept_token(t)
+    assert checked > 30 and unsearched > 10, (checked, unsearched)
+
+
 def test_prefix_range_matches_a_scan(small):
     info, _tok, _enc = small
     ct = canonical_tokenizer(info)
