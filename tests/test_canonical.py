@@ -1054,6 +1054,56 @@ def test_forced_text_candidates_longest_first_equal_the_full_search():
     assert checked > 30 and unsearched > 10, (checked, unsearched)
 
 
+_VALUES_SCHEMA = {"type": "object", "properties": {"v": {"type": "array", "items": {"enum": [
+    "quantity", "namespaces", "abading", "abadion", "vert_side_by_side", "SQLITE", "redmatrix", "dataTableIds"]}},
+    "n": {"type": ["null", "integer"]}}, "required": ["v", "n"], "additionalProperties": False}
+
+
+def test_candidates_followed_by_forced_text_longest_first_equal_the_full_search(monkeypatch):
+    """Candidates after which the grammar forces text (the first letters of enum values, ``n``
+    before ``ull``) that spell prefixes of the same text are searched longest first
+    (:meth:`CanonicalState._prune_forced_after`), and one reaching a pre-token boundary no future
+    moves leaves the shorter ones out unsearched. At every step of the canonical tokenization of
+    documents (Llama-3; every mask width, the small-mask lookahead off), each candidate with
+    forced text after it is kept exactly when the full search along that text finds it viable."""
+    from grammask.grammar.canonical import CanonicalState
+
+    monkeypatch.setattr(CanonicalState, "forced_after_words", 4096)
+    monkeypatch.setattr(CanonicalState, "lookahead_limit", 0)
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    compiled = GrammarCompiler(info).compile_json_schema(_VALUES_SCHEMA)
+    values = _VALUES_SCHEMA["properties"]["v"]["items"]["enum"]
+    tb, V = info.token_bytes, info.vocab_size
+    checked = dropped = 0
+    for sep, n in (((", ", ": "), None), ((",", ":"), 7)):
+        m = GrammarMatcher(compiled, canonical=ct)
+        for t in encode(json.dumps({"v": values, "n": n}, separators=sep)):
+            plain = GrammarMatcher.fork(m)
+            plain._canon = None
+            pw = np.zeros((V + 31) // 32, np.uint32)
+            plain.fill_words(pw)
+            m.fork()._canon.restrict(pw, m.stop_token_ids)      # the per-step condition alone
+            words = np.zeros_like(pw)
+            m.fill_words(words)
+            hit, flen, fbuf, _nxt = plain.forced_after_words(pw, 24, cached=False)
+            for j, c in enumerate(hit.tolist()):
+                k = int(flen[j])
+                if k <= 0 or k >= fbuf.shape[1]:
+                    continue
+                f = m.fork()
+                cs = f._canon
+                cs._fork, cs._matcher, cs._asked, cs._after_masks, cs._next_after = None, f, False, {}, _nxt[j]
+                text = tb[c] + fbuf[j, :k].tobytes()
+                full = bool(cs._search_after(c, text, len(tb[c]), {}, ("test", c, text, _nxt[j].tobytes())))
+                kept = bool((words[c >> 5] >> np.uint32(c & 31)) & 1)
+                assert kept == full, (tb[c], text, full)
+                checked += 1
+                dropped += not kept
+            assert m.accept_token(t)
+    assert checked > 30 and dropped > 10, (checked, dropped)
+
+
 def test_prefix_range_matches_a_scan(small):
     info, _tok, _enc = small
     ct = canonical_tokenizer(info)

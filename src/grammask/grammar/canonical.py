@@ -1042,6 +1042,7 @@ class CanonicalState:
                 if t not in checked:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
             width = fbuf.shape[1]
+            todo = []
             for i, n in enumerate(fl):
                 # text cut at the limit: its end is unknown (kept); -1 (rejected), 0/-2/-3
                 # (probes): nothing to search
@@ -1053,6 +1054,16 @@ class CanonicalState:
                     continue
                 checked.add(t)
                 tail = fbuf[i, :n].tobytes()
+                todo.append((b + tail, -len(b), i, t, tail))
+            # candidates that spell prefixes of the same text (``n``, ``nu`` before a forced
+            # ``null``): longest first, and once one reaches a pre-token boundary no future moves
+            # (CERTAIN) the shorter ones are not canonical (as in prune_dead_ends' step 1)
+            todo.sort()
+            certain = None
+            for text, neg_len, i, t, tail in todo:
+                if text == certain:
+                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    continue
                 # the verdict is the tokenizer's alone (given the bytes that may follow the forced
                 # text) unless the grammar was asked about a token running past it: memoised per
                 # tokenizer then
@@ -1061,9 +1072,11 @@ class CanonicalState:
                 ok = memo.get(key)
                 if ok is None:
                     self._asked = False
-                    ok = self._search_after(t, b + tail, len(b), {}, key)
+                    ok = self._search_after(t, text, -neg_len, {}, key)
                 if not ok:
                     words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                elif ok == CERTAIN:
+                    certain = text
         finally:
             self._fork = self._matcher = self._next_after = None
 
