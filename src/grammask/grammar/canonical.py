@@ -908,13 +908,13 @@ class CanonicalState:
            canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
            at most; a branch reaching a wider mask, the depth or the budget counts as viable.
         A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
+        nz = self._restricted_nz    # counted by restrict() just before (-1: not counted)
+        self._restricted_nz = -1
         if self._in_lookahead or not self.lookahead:
             return
         # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
         # then every candidate starts with them: a wide mask has none (skip the forced-text call);
         # a mask over more than 512 words has neither that nor a candidate list to search
-        nz = self._restricted_nz    # counted by restrict() just before (-1: not counted)
-        self._restricted_nz = -1
         if nz < 0:
             nz = np.count_nonzero(words)
         narrow = None
