@@ -997,6 +997,27 @@ _KEYS_SCHEMA["properties"]["kind"] = {"enum": ["abading", "abadion"]}
 _KEYS_SCHEMA["required"] = list(_KEYS_SCHEMA["properties"])
 
 
+def _plain_and_per_step(m: GrammarMatcher, V: int):
+    """A plain fork of the canonical matcher ``m`` and its mask with the per-step canonical
+    condition alone (no lookahead)."""
+    plain = GrammarMatcher.fork(m)
+    plain._canon = None
+    pw = np.zeros((V + 31) // 32, np.uint32)
+    plain.fill_words(pw)
+    m.fork()._canon.restrict(pw, m.stop_token_ids)
+    return plain, pw
+
+
+def _full_search(m: GrammarMatcher, c: int, text: bytes, pos: int, nxt=None) -> bool:
+    """The search along forced ``text`` after candidate ``c`` (spelling ``text[:pos]``) from the
+    state of ``m``, on a fork, with nothing memoised for it."""
+    f = m.fork()
+    cs = f._canon
+    cs._fork, cs._matcher, cs._asked, cs._after_masks, cs._next_after = None, f, False, {}, nxt
+    key = ("test", c, text, None if nxt is None else nxt.tobytes())
+    return bool(cs._search_after(c, text, pos, {}, key))
+
+
 def test_forced_text_candidates_longest_first_equal_the_full_search():
     """Candidates that spell a proper prefix of the forced text (a key's first letters) are
     searched longest first, and one that reaches a pre-token boundary no future moves is the only
@@ -1023,12 +1044,8 @@ def test_forced_text_candidates_longest_first_equal_the_full_search():
                          separators=sep)
         m = GrammarMatcher(compiled, canonical=ct)
         for t in encode(doc):
-            plain = GrammarMatcher.fork(m)
-            plain._canon = None
+            plain, pw = _plain_and_per_step(m, V)
             forced = plain.find_jump_forward_bytes(256)
-            pw = np.zeros((V + 31) // 32, np.uint32)
-            plain.fill_words(pw)
-            m.fork()._canon.restrict(pw, m.stop_token_ids)      # the per-step condition alone
             before = set(np.flatnonzero(np.unpackbits(pw.view(np.uint8), bitorder="little")[:V]).tolist())
             words = np.zeros((V + 31) // 32, np.uint32)
             searched.clear()
@@ -1043,10 +1060,7 @@ def test_forced_text_candidates_longest_first_equal_the_full_search():
                 c = ct.token_of_bytes.get(forced[:k])
                 if c is None or c not in before:
                     continue
-                f = m.fork()
-                cs = f._canon
-                cs._fork, cs._matcher, cs._asked, cs._after_masks = None, f, False, {}
-                full = bool(cs._search_after(c, forced, k, {}, ("test", c, forced)))
+                full = _full_search(m, c, forced, k)
                 assert (c in kept) == full, (tb[c], forced, full)
                 checked += 1
                 unsearched += c not in searched and c not in kept
@@ -1079,11 +1093,7 @@ def test_candidates_followed_by_forced_text_longest_first_equal_the_full_search(
     for sep, n in (((", ", ": "), None), ((",", ":"), 7)):
         m = GrammarMatcher(compiled, canonical=ct)
         for t in encode(json.dumps({"v": values, "n": n}, separators=sep)):
-            plain = GrammarMatcher.fork(m)
-            plain._canon = None
-            pw = np.zeros((V + 31) // 32, np.uint32)
-            plain.fill_words(pw)
-            m.fork()._canon.restrict(pw, m.stop_token_ids)      # the per-step condition alone
+            plain, pw = _plain_and_per_step(m, V)
             words = np.zeros_like(pw)
             m.fill_words(words)
             hit, flen, fbuf, _nxt = plain.forced_after_words(pw, 24, cached=False)
@@ -1091,11 +1101,8 @@ def test_candidates_followed_by_forced_text_longest_first_equal_the_full_search(
                 k = int(flen[j])
                 if k <= 0 or k >= fbuf.shape[1]:
                     continue
-                f = m.fork()
-                cs = f._canon
-                cs._fork, cs._matcher, cs._asked, cs._after_masks, cs._next_after = None, f, False, {}, _nxt[j]
                 text = tb[c] + fbuf[j, :k].tobytes()
-                full = bool(cs._search_after(c, text, len(tb[c]), {}, ("test", c, text, _nxt[j].tobytes())))
+                full = _full_search(m, c, text, len(tb[c]), _nxt[j])
                 kept = bool((words[c >> 5] >> np.uint32(c & 31)) & 1)
                 assert kept == full, (tb[c], text, full)
                 checked += 1
@@ -1260,8 +1267,8 @@ async def test_request_canonical_fallback_finishes_at_a_dead_end(small, monkeypa
 
     orig = CanonicalState.prune_dead_ends
 
-    def dead_at_third(self, matcher, words):
-        orig(self, matcher, words)
+    def dead_at_third(self, matcher, words, nz=-1):
+        orig(self, matcher, words, nz)
         if len(self._hist) == 2:
             words[:] = 0
 

@@ -753,20 +753,20 @@ class CanonicalState:
             memo[mk] = (self._key, jtok)
         return self._key
 
-    def allowed_words(self, words: np.ndarray) -> None:
-        """AND the canonical condition into ``words`` (the grammar's mask of the next token)."""
+    def allowed_words(self, words: np.ndarray) -> int:
+        """AND the canonical condition into ``words`` (the grammar's mask of the next token).
+        Returns how many words it left non-zero where the AND counted them, else -1."""
         ct = self.ct
-        self._nz = -1      # the non-zero words left, where the AND below counts them
         if self.pending:
             self._raw_filter(words)
-            return
+            return -1
         key = self._region()
         hit = ct.cached_region_words(key)
         if hit is None:
             ids = _ids_of(words, ct.lazy_limit)
             if ids is not None and len(ids) <= ct.lazy_limit:
                 self._lazy_filter(words, key, ids)
-                return
+                return -1
             hit = ct.region_words(key)
         ok, need = hit
         if self.last >= 0 and self.tokens:
@@ -775,7 +775,7 @@ class CanonicalState:
             conf = _NO_CONFLICTS.get(ok.shape[0])
             if conf is None:
                 conf = _NO_CONFLICTS[ok.shape[0]] = np.zeros(ok.shape[0], np.uint32)
-        self._nz = _and_allowed(words, ok, need, conf)
+        return _and_allowed(words, ok, need, conf)
 
     def _lazy_filter(self, words: np.ndarray, key: tuple, ids: np.ndarray) -> None:
         """The verdicts of only the signatures of the tokens the grammar allows (a small mask on
@@ -880,9 +880,6 @@ class CanonicalState:
         self.tokens, self.pair_ok, self.last, self.pending, self._key = (), (), -1, b"", None
 
     _in_lookahead = False
-    #: the non-zero words of the mask :meth:`allowed_words` / :meth:`restrict` left (-1: not counted)
-    _nz = -1
-    _restricted_nz = -1
     #: False: no lookahead at all (the mask is then the per-step canonical condition only)
     lookahead = True
     #: the grammar-driven lookahead of :meth:`prune_dead_ends` runs on masks of at most this many
@@ -891,7 +888,7 @@ class CanonicalState:
     lookahead_depth = 3
     lookahead_budget = 24
 
-    def prune_dead_ends(self, matcher, words: np.ndarray) -> None:
+    def prune_dead_ends(self, matcher, words: np.ndarray, nz: int = -1) -> None:
         """Lookahead against dead ends: drop a candidate after which no canonical continuation
         exists, e.g. ``{`` when the grammar forces ``"name"`` next and the tokenizer writes ``{"``
         as one token.
@@ -908,14 +905,12 @@ class CanonicalState:
            canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
            at most; a branch reaching a wider mask, the depth or the budget counts as viable.
         A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
-        nz = self._restricted_nz    # counted by restrict() just before (-1: not counted)
-        self._restricted_nz = -1
         if self._in_lookahead or not self.lookahead:
             return
         # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
         # then every candidate starts with them: a wide mask has none (skip the forced-text call);
         # a mask over more than 512 words has neither that nor a candidate list to search
-        if nz < 0:
+        if nz < 0:      # (``nz``: the non-zero words of ``words``, as restrict() returns them)
             nz = np.count_nonzero(words)
         narrow = None
         if self.narrow_lookahead:
@@ -1264,21 +1259,21 @@ class CanonicalState:
         finally:
             matcher.rollback(1)
 
-    def restrict(self, words: np.ndarray, stop_ids) -> None:
+    def restrict(self, words: np.ndarray, stop_ids) -> int:
         """AND the canonical condition into the grammar's mask ``words``; a stop token the grammar
-        allows stays allowed iff the text may end here canonically."""
+        allows stays allowed iff the text may end here canonically. Returns the non-zero words
+        left where that was counted on the way, else -1 (for :meth:`prune_dead_ends`)."""
         V = self.ct.vocab_size
         stops = None
         for t in stop_ids:
             if 0 <= t < V and (words.item(t >> 5) >> (t & 31)) & 1:
                 stops = [t] if stops is None else stops + [t]
-        self.allowed_words(words)
-        nz = self._nz
+        nz = self.allowed_words(words)
         if stops and self.can_end():
             for t in stops:
                 words[t >> 5] |= np.uint32(1 << (t & 31))
             nz = -1
-        self._restricted_nz = nz
+        return nz
 
     def _settle(self) -> None:
         """Drop the region's prefix up to the last junction that is a boundary under every

@@ -175,7 +175,8 @@ class GrammarMatcher:
         it met states not built, once more building them as it meets them (an eager lexer,
         :meth:`CompiledGrammar.call_building`: one call where the read-only variant needs a Python
         round per state met in a row, e.g. per byte of forced text); the driver's loop for what
-        that left."""
+        that left. (:meth:`_advance` and :meth:`fill_words` take the same steps inline: they run
+        on every token.)"""
         comp, lexer, stack, M = self.compiled, self._lexer, self._stack, self._M
         r = fn(*head, comp.G, lexer.tables, stack.arrays, M, *tail, None)
         st = r[0] if isinstance(r, tuple) else r
@@ -363,8 +364,8 @@ class GrammarMatcher:
             # (``words`` is ``n_words`` long here)
             self._fallback_step = False     # (the lookahead below accepts tokens on this matcher)
             plain = words.copy() if self.canonical_fallback else None
-            self._canon.restrict(words, self.stop_token_ids)
-            self._canon.prune_dead_ends(self, words)
+            nz = self._canon.restrict(words, self.stop_token_ids)
+            self._canon.prune_dead_ends(self, words, nz)
             self._fallback_step = plain is not None and not words.any() and bool(plain.any())
             if self._fallback_step:
                 words[:] = plain
