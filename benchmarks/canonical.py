@@ -102,7 +102,8 @@ def warm_up_grammar_kernels(info) -> None:
             break
 
 
-def mask_times(info, ct, data_dir: Path, every: int, max_schemas: int | None, comps=None):
+def mask_times(info, ct, data_dir: Path, every: int, max_schemas: int | None, comps=None, record=None,
+               others=None):
     from tokenizers import Tokenizer
 
     hf = Tokenizer.from_file(llama3_tokenizer_path())
@@ -114,8 +115,13 @@ def mask_times(info, ct, data_dir: Path, every: int, max_schemas: int | None, co
     # reversed)
     # ``comps``: the two compilers of an earlier pass, whose grammars (kept in their caches) have
     # their lexer states built already
+    # ``record`` (a dict): filled with what each instance added to its grammar's lookahead memo,
+    # per (grammar, instance); ``others`` (such a dict, of an earlier pass on the same compilers):
+    # each instance's memo then holds only what the other instances of its schema added (a
+    # document the server has not seen, on a schema it has)
     comp_p, comp_c = comps if comps is not None else (GrammarCompiler(info), GrammarCompiler(info))
     files = sorted(data_dir.glob("*.jsonl"))
+    grammars = {}       # the canonical side's grammars, their lookahead memos' counters at first sight
     plain_t, canon_t = [], []
     n_inst = n_ok = n_schemas = 0
     idx = 0
@@ -133,11 +139,18 @@ def mask_times(info, ct, data_dir: Path, every: int, max_schemas: int | None, co
             except Exception:  # noqa: BLE001
                 continue
             n_schemas += 1
-            for test in d.get("tests", []):
+            if id(gc) not in grammars:
+                grammars[id(gc)] = (gc, memo_counts([gc]))
+            for ti, test in enumerate(d.get("tests", [])):
                 if not test.get("valid"):
                     continue
                 ids = hf.encode(json.dumps(test["data"]), add_special_tokens=False).ids
                 mp, mc = GrammarMatcher(gp), GrammarMatcher(gc, canonical=ct)
+                memo = mc._canon._memo_of(mc)
+                if others is not None:
+                    memo.entries = {k: v for (g, j), e in others.items() if g == id(gc) and j != ti
+                                    for k, v in e.items()}
+                before = set(memo.entries) if record is not None else None
                 ok = True
                 for step, t in enumerate(ids):
                     # both masks of a step, in alternating order (the first pays for lexer growth and
@@ -157,11 +170,26 @@ def mask_times(info, ct, data_dir: Path, every: int, max_schemas: int | None, co
                         ok = False
                     if ok is False:
                         break
+                if before is not None:
+                    record[(id(gc), ti)] = {k: v for k, v in memo.entries.items() if k not in before}
                 if ok is None:
                     continue            # the grammar itself rejects this instance: not counted
                 n_inst += 1
                 n_ok += bool(ok)
+    hits, misses = memo_counts(g for g, _ in grammars.values())
+    #: (hits, misses) of the canonical grammars' lookahead memos in this call
+    mask_times.memo = (hits - sum(c[0] for _, c in grammars.values()), misses - sum(c[1] for _, c in grammars.values()))
     return plain_t, canon_t, n_inst, n_ok, n_schemas, (comp_p, comp_c)
+
+
+def memo_counts(grammars) -> tuple[int, int]:
+    """(hits, misses) of the lookahead memos (:class:`grammask.grammar.canonical.LookaheadMemo`)
+    of ``grammars``' current lexer generations."""
+    hits = misses = 0
+    for g in grammars:
+        for m in list(g.lexer.__dict__.get("canonical_memos", {}).values()):
+            hits, misses = hits + m.hits, misses + m.misses
+    return hits, misses
 
 
 def sampling(n_samples: int, max_tokens: int, seed: int = 0):
@@ -183,6 +211,7 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
         gen = torch.Generator().manual_seed(seed)
         canonical = mode != "plain"
         noncanon = finished = dead = fallbacks = 0
+        memo0 = memo_counts([g])
         t0 = time.perf_counter()
         for i in range(n_samples):
             m = GrammarMatcher(g, canonical=ct if canonical else False, canonical_fallback=mode.endswith("fallback"))
@@ -218,6 +247,9 @@ def sampling(n_samples: int, max_tokens: int, seed: int = 0):
                   f"{time.perf_counter() - t0:.1f} s, non-canonical so far {noncanon}: {text[:60]!r}",
                   file=sys.stderr, flush=True)
         out[mode] = (noncanon, n_samples, finished, dead, fallbacks, time.perf_counter() - t0)
+        if mode == "canonical":     # the memo over samples of one schema, each its own document
+            h, mi = memo_counts([g])
+            sampling.memo = (h - memo0[0], mi - memo0[1])
     return out
 
 
@@ -258,18 +290,32 @@ def main():
               "second pass over the same sample (grammars new again; the canonical side's verdicts cached, as in "
               "a running server)",
               "third pass (the second pass's grammars again, their lexer states built: schemas a server has "
-              "seen, from its grammar cache)")
+              "seen, from its grammar cache)",
+              "fourth pass (the same warm grammars, each instance's lookahead memo holding only what the other "
+              "instances of its schema left there: documents a server has not seen, on schemas it has)")
     comps = None
+    recorded: dict = {}
     for k, label in enumerate(() if args.no_masks else labels):
+        # what the earlier passes left alive (their grammars, the canonical side's caches) frozen
+        # too, as a running server's warm state: a full collection walks it (~45 ms in the second
+        # pass) and lands on whichever mask runs, plain or canonical, by allocation counts (a
+        # change of the canonical side's allocations moved the second pass's one from a plain
+        # mask to a canonical one: +4.5 us on the canonical mean, the ratio 1.32 -> 1.42)
+        if k:
+            frozen = freeze_gc_heap()
         with FullCollectionTimer() as gct:
             p, c, n_inst, n_ok, n_schemas, comps = mask_times(info, ct, Path(args.data), args.every,
-                                                              args.max_schemas, comps if k == 2 else None)
+                                                              args.max_schemas, comps if k >= 2 else None,
+                                                              record=recorded if k == 1 else None,
+                                                              others=recorded if k == 3 else None)
         pm, cm = statistics.mean(p) / 1e3, statistics.mean(c) / 1e3
         pq, cq = statistics.median(p) / 1e3, statistics.median(c) / 1e3
         part = [f"MaskBench sample, {label} (Llama-3, 1 in {args.every}: {n_schemas} schemas, {n_inst} valid "
                 f"instances, {len(c)} masks each): the canonical tokenization accepted at every step in "
                 f"{n_ok}/{n_inst} instances. Full collections during the pass: {len(gct.pauses)} (longest "
-                f"{max(gct.pauses, default=0) * 1e3:.1f} ms; startup heap of {frozen:,} objects frozen).", "",
+                f"{max(gct.pauses, default=0) * 1e3:.1f} ms; {'startup heap' if not k else 'heap after the passes before'} "
+                f"of {frozen:,} objects frozen). Lookahead memo (per grammar state): {mask_times.memo[0]:,} hits, "
+                f"{mask_times.memo[1]:,} misses.", "",
                 md_table(["mask", "mean us", "median us", "p99 us"],
                          [["plain", fmt(pm), fmt(pq), fmt(sorted(p)[int(0.99 * (len(p) - 1))] / 1e3)],
                           ["canonical", fmt(cm), fmt(cq), fmt(sorted(c)[int(0.99 * (len(c) - 1))] / 1e3)],
@@ -285,7 +331,8 @@ def main():
                 "", "A sample is non-canonical when the tokenizer's encoding of its text differs from the "
                 "sampled ids (for a sample cut by the token limit, all but its last two tokens). "
                 "\"canonical + fallback\": `canonical_fallback=True`, the plain mask at a dead end (its "
-                "steps counted).", ""]
+                "steps counted). Lookahead memo over the canonical samples (the states of one schema met by "
+                f"other documents): {sampling.memo[0]:,} hits, {sampling.memo[1]:,} misses.", ""]
         print("\n".join(part))
         lines += part
     if args.results:

@@ -1043,6 +1043,7 @@ def test_forced_text_candidates_longest_first_equal_the_full_search():
         doc = json.dumps({k: (kind if k == "kind" else i) for i, k in enumerate(_KEYS_SCHEMA["required"])},
                          separators=sep)
         m = GrammarMatcher(compiled, canonical=ct)
+        m._canon.memoise = False    # (a memo hit searches nothing either: not what is counted here)
         for t in encode(doc):
             plain, pw = _plain_and_per_step(m, V)
             forced = plain.find_jump_forward_bytes(256)
@@ -1285,3 +1286,101 @@ async def test_request_canonical_fallback_finishes_at_a_dead_end(small, monkeypa
                                               response_format=SCRIPT_RF)
     finally:
         await eng.aclose()
+
+
+# ---------------------------------------------------------------------------------------------- lookahead memo
+def _ids(words: np.ndarray, V: int) -> set:
+    return set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:V]).tolist())
+
+
+def test_lookahead_memo_gives_the_masks_of_the_full_lookahead():
+    """What prune_dead_ends drops is kept per (grammar state, canonical state): documents of one
+    schema with other values meet the same states (the keys, the forced values after them), where
+    the memo answers. At every step of each document's canonical tokenization, the mask equals
+    that of a matcher whose lookahead runs in full (memo off); the memo answered many masks, some
+    of them by dropping tokens (Llama-3)."""
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    V = info.vocab_size
+    comp = GrammarCompiler(info)
+    keys = comp.compile_json_schema(_KEYS_SCHEMA)
+    values = comp.compile_json_schema(_VALUES_SCHEMA)
+    names = _KEYS_SCHEMA["required"]
+    docs = [(keys, json.dumps({k: ("abading" if k == "kind" else i * 7) for i, k in enumerate(names)})),
+            (keys, json.dumps({k: ("abadion" if k == "kind" else -i) for i, k in enumerate(names)}, separators=(",", ":"))),
+            (keys, json.dumps({k: ("abading" if k == "kind" else 10 ** i) for i, k in enumerate(names)})),
+            (values, json.dumps({"v": ["quantity", "SQLITE"], "n": None})),
+            (values, json.dumps({"v": ["quantity", "SQLITE", "abading"], "n": 42})),
+            (values, json.dumps({"v": ["quantity", "redmatrix"], "n": None}))]
+    replayed = 0
+    for compiled, doc in docs:
+        m = GrammarMatcher(compiled, canonical=ct)
+        ref = GrammarMatcher(compiled, canonical=ct)
+        ref._canon.memoise = False
+        for t in encode(doc):
+            w, wr = np.zeros((V + 31) // 32, np.uint32), np.zeros((V + 31) // 32, np.uint32)
+            ref.fill_words(wr)
+            memo = m._canon._memo_of(m)
+            hits = memo.hits
+            m.fill_words(w)
+            assert np.array_equal(w, wr), (doc, _ids(w, V) ^ _ids(wr, V))
+            if memo.hits > hits:
+                key = (m.state_key(), m._canon._region(), m._canon.last, m._canon.pending)
+                replayed += bool(memo.entries[key])
+            assert m.accept_token(t) and ref.accept_token(t)
+    memos = [mm for g in (keys, values) for mm in g.lexer.__dict__["canonical_memos"].values()]
+    assert sum(mm.hits for mm in memos) > 20 and replayed > 5, ([(mm.hits, mm.misses) for mm in memos], replayed)
+    # counted with the grammar's lexer generation (the grammar cache evicts by it)
+    assert all(mm.nbytes > 0 for mm in memos)
+    before = keys.held_bytes()
+    keys.lexer.__dict__.pop("canonical_memos")
+    assert keys.held_bytes() < before
+
+
+def test_state_key_is_equal_exactly_for_equal_grammar_states(small):
+    """``GrammarMatcher.state_key``: equal after prefixes that differ only in values (the same
+    lexemes scanned, the same lexer state), different after other structure; the masks agree
+    where the keys do. A matcher moved to a new lexer generation with rows built by the old one
+    has no key."""
+    info, _tok, _encode = small
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
+                                               "c": {"type": "array", "items": {"type": "integer"}}},
+              "required": ["a", "b", "c"], "additionalProperties": False}
+    compiled = GrammarCompiler(info).compile_json_schema(schema)
+
+    def at(prefix: str) -> GrammarMatcher:
+        m = GrammarMatcher(compiled)
+        assert m.accept_string(prefix)
+        return m
+
+    def mask(m: GrammarMatcher) -> set:
+        w = np.zeros((info.vocab_size + 31) // 32, np.uint32)
+        m.fill_words(w)
+        return _ids(w, info.vocab_size)
+
+    same = [('{"a": 1, "b": "x", ', '{"a": 12345, "b": "yyy zz", '),
+            ('{"a": 1, "b": "x", "c": [', '{"a": -7, "b": "", "c": ['),
+            ('{"a": 1, "b": "x", "c": [1, 2', '{"a": 2, "b": "q", "c": [3, 4'),
+            ('{"a": 1', '{"a": 5')]
+    for p, q in same:
+        a, b = at(p), at(q)
+        assert a.state_key() is not None and a.state_key() == b.state_key(), (p, q)
+        assert mask(a) == mask(b)
+    other = [('{"a": 1, "b": "x", ', '{"a": 1, "b": "x"'),
+             ('{"a": 1, "b": "x", "c": [1', '{"a": 1, "b": "x", "c": [1, 2'),
+             ('{"a": 1, "b": "x", "c": [1, 2', '{"a": 1, "b": "x", "c": [1, 2, 3'),
+             ('{"a": 1', '{"a": 1, "b": "xy'), ('', ' ')]
+    for p, q in other:
+        assert at(p).state_key() != at(q).state_key(), (p, q)
+    # a lexer generation of a few states: moving to the next one leaves rows built by the old one
+    tiny = GrammarCompiler(info, max_lexer_states=16).compile_json_schema(schema)
+    m = GrammarMatcher(tiny)
+    assert m.accept_string('{"a": 1, "b": "')
+    keys = []
+    for _ in range(40):
+        keys.append(m.state_key())
+        assert m.accept_string("ab")
+        m.fill_words(np.zeros((info.vocab_size + 31) // 32, np.uint32))
+    assert tiny.lexer_generations >= 1 and m.state_key() is None
+    m.reset()
+    assert m.state_key() is not None

@@ -662,6 +662,46 @@ def canonical_tokenizer(info, **kw) -> CanonicalTokenizer:
     return ct
 
 
+class LookaheadMemo:
+    """What :meth:`CanonicalState.prune_dead_ends` dropped, per grammar state
+    (:meth:`.GrammarMatcher.state_key`) and canonical state (region key, last token, pending
+    bytes), for one lexer generation of one grammar and one set of lookahead settings (kept on
+    the generation, counted by its :meth:`.Lexer.held_bytes`). The lookahead's outcome is a
+    function of those alone: the grammar's answers depend on its state, the canonical ones on
+    the region (as :attr:`CanonicalTokenizer._forced_verdicts` assumes), the searches on the
+    settings. A schema served again meets the same states (the same keys in the same order,
+    other values): the searches after a key or before a forced value then cost a dict lookup.
+    Bounded by :attr:`max_bytes` (cleared when full)."""
+
+    #: bytes (estimated) past which the memo is cleared
+    max_bytes = 8 << 20
+    #: estimated bytes per entry besides its key's row bytes and its tokens
+    entry_bytes = 400
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.nbytes = 0
+        self.hits = self.misses = 0
+        self._lock = threading.Lock()
+
+    def get(self, key):
+        hit = self.entries.get(key)
+        if hit is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return hit
+
+    def put(self, key, drops: tuple) -> None:
+        size = self.entry_bytes + len(key[0][0]) + 36 * len(drops)
+        with self._lock:
+            if self.nbytes + size > self.max_bytes:
+                self.entries.clear()
+                self.nbytes = 0
+            self.entries[key] = drops
+            self.nbytes += size
+
+
 # ---------------------------------------------------------------------------------------------- per request
 class CanonicalState:
     """The per-matcher state: the open region (token ids, their bytes and junction pair bits) and
@@ -888,23 +928,15 @@ class CanonicalState:
     lookahead_depth = 3
     lookahead_budget = 24
 
-    def prune_dead_ends(self, matcher, words: np.ndarray, nz: int = -1) -> None:
-        """Lookahead against dead ends: drop a candidate after which no canonical continuation
-        exists, e.g. ``{`` when the grammar forces ``"name"`` next and the tokenizer writes ``{"``
-        as one token.
+    #: keep what :meth:`prune_dead_ends` drops per grammar and canonical state
+    #: (:class:`LookaheadMemo`)
+    memoise = True
 
-        1. Forced text ``F`` (the grammar's jump-forward bytes from here): a candidate that is a
-           proper prefix of ``F`` must be followed by tokens spelling the rest of ``F`` (or a token
-           running past its end), each canonical after the previous one: a search along ``F``
-           (memoised per call; the grammar is asked only about a token running past the end).
-           Longest candidate first: one that reaches a pre-token boundary no future moves is the
-           canonical tokenization's token there, so the shorter ones are dropped unsearched.
-        2. On masks of at most ``forced_after_words`` non-zero words, the same search along the
-           text the grammar forces after each candidate (:meth:`_prune_forced_after`).
-        3. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
-           canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
-           at most; a branch reaching a wider mask, the depth or the budget counts as viable.
-        A candidate neither test can refute is kept (see the README: dead ends remain possible)."""
+    def prune_dead_ends(self, matcher, words: np.ndarray, nz: int = -1) -> None:
+        """Lookahead against dead ends: :meth:`_prune` where the mask is narrow enough, its
+        verdicts kept per state (a lookahead's outcome is a function of the grammar state, the
+        open region and the settings: kept in a :class:`LookaheadMemo` of the grammar's lexer
+        generation, keyed by :meth:`.GrammarMatcher.state_key` and the region)."""
         if self._in_lookahead or not self.lookahead:
             return
         # a proper prefix of the forced text as a candidate needs two forced bytes or more, and
@@ -923,7 +955,72 @@ class CanonicalState:
             return
         # two forced bytes or more: every allowed token starts with the first (a stop token, or
         # two first bytes, and nothing is forced)
-        forced = matcher.find_jump_forward_bytes(256) if nz <= 512 and self.ct.one_first_byte(words) else b""
+        one = nz <= 512 and self.ct.one_first_byte(words)
+        if not one and nz > self.forced_after_words and narrow is None:
+            return      # (nor a search along forced text, nor a candidate list: more than 8 tokens)
+        memo = None
+        if self.memoise:
+            sk = matcher.state_key()
+            if sk is not None:
+                memo = self._memo_of(matcher)
+                key = (sk, self._region(), self.last, self.pending)
+                drops = memo.get(key)
+                if drops is not None:
+                    for t in drops:
+                        words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    return
+                self._dropped = []
+        try:
+            self._prune(matcher, words, nz, narrow, one)
+            if memo is not None:
+                memo.put(key, tuple(self._dropped))
+        finally:
+            self._dropped = None
+
+    #: the tokens :meth:`_prune` dropped, while :meth:`prune_dead_ends` records them (else None)
+    _dropped = None
+
+    def _drop(self, words: np.ndarray, t: int) -> None:
+        """Drop token ``t`` from the mask ``words`` (recorded for the memo)."""
+        words[t >> 5] &= ~np.uint32(1 << (t & 31))
+        if self._dropped is not None:
+            self._dropped.append(t)
+
+    def _memo_of(self, matcher) -> "LookaheadMemo":
+        """The :class:`LookaheadMemo` of ``matcher``'s lexer generation for these settings."""
+        lexer = matcher._lexer
+        memos = lexer.__dict__.get("canonical_memos")
+        if memos is None:
+            memos = lexer.__dict__.setdefault("canonical_memos", {})
+        cfg = (self.ct, self.lookahead_limit, self.lookahead_depth, self.lookahead_budget, self.forced_after_words,
+               self.forced_after_bytes, self.narrow_lookahead, matcher._stop_set,
+               matcher.terminate_without_stop_token)
+        m = memos.get(cfg)
+        if m is None:
+            m = memos.setdefault(cfg, LookaheadMemo())
+        return m
+
+    def _prune(self, matcher, words: np.ndarray, nz: int, narrow, one: bool) -> None:
+        """Lookahead against dead ends: drop a candidate after which no canonical continuation
+        exists, e.g. ``{`` when the grammar forces ``"name"`` next and the tokenizer writes ``{"``
+        as one token.
+
+        1. Forced text ``F`` (the grammar's jump-forward bytes from here): a candidate that is a
+           proper prefix of ``F`` must be followed by tokens spelling the rest of ``F`` (or a token
+           running past its end), each canonical after the previous one: a search along ``F``
+           (memoised per call; the grammar is asked only about a token running past the end).
+           Longest candidate first: one that reaches a pre-token boundary no future moves is the
+           canonical tokenization's token there, so the shorter ones are dropped unsearched.
+        2. On masks of at most ``forced_after_words`` non-zero words, the same search along the
+           text the grammar forces after each candidate (:meth:`_prune_forced_after`).
+        3. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
+           canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
+           at most; a branch reaching a wider mask, the depth or the budget counts as viable.
+        A candidate neither test can refute is kept (see the README: dead ends remain possible).
+        ``nz``: the non-zero words of ``words`` (at most 512, or at most ``forced_after_words``);
+        ``narrow``: its narrow candidates (:meth:`_prune_forced_after`), or None; ``one``: its
+        tokens all start with one byte (and it has at most 512 words)."""
+        forced = matcher.find_jump_forward_bytes(256) if one else b""
         checked = set()
         self._after_masks = {}
         if forced:
@@ -946,7 +1043,7 @@ class CanonicalState:
                     continue
                 checked.add(t)
                 if unique:
-                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    self._drop(words, t)
                     continue
                 if here is None:
                     here = (self._region(), self.last, self.pending)
@@ -955,7 +1052,7 @@ class CanonicalState:
                 if ok is None:
                     ok = self._search_after(t, forced, k, memo, key)
                 if not ok:
-                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    self._drop(words, t)
                 elif ok == CERTAIN:
                     unique = True
             self._fork = self._matcher = None
@@ -977,7 +1074,7 @@ class CanonicalState:
                 if t in stops or t in checked:
                     continue
                 if not self._viable_after(matcher, t, self.lookahead_depth, words.shape[0], stops):
-                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    self._drop(words, t)
         finally:
             self._in_lookahead = False
 
@@ -1035,7 +1132,7 @@ class CanonicalState:
                     drop += hit[probes[~live]].tolist()
             for t in drop:
                 if t not in checked:
-                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    self._drop(words, t)
             width = fbuf.shape[1]
             todo = []
             for i, n in enumerate(fl):
@@ -1057,7 +1154,7 @@ class CanonicalState:
             certain = None
             for text, neg_len, i, t, tail in todo:
                 if text == certain:
-                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    self._drop(words, t)
                     continue
                 # the verdict is the tokenizer's alone (given the bytes that may follow the forced
                 # text) unless the grammar was asked about a token running past it: memoised per
@@ -1069,7 +1166,7 @@ class CanonicalState:
                     self._asked = False
                     ok = self._search_after(t, text, -neg_len, {}, key)
                 if not ok:
-                    words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    self._drop(words, t)
                 elif ok == CERTAIN:
                     certain = text
         finally:

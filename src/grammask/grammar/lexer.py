@@ -1062,6 +1062,8 @@ class Lexer:
         mc = self.__dict__.get("mask_cache")
         if mc is not None:   # the state cache (:mod:`.state_cache`)
             arrays += mc.nbytes
+        for m in list(self.__dict__.get("canonical_memos", {}).values()):   # (canonical.LookaheadMemo)
+            arrays += m.nbytes
         if self.eager:   # the compiled expansion's lexeme DFAs and member store
             arrays += lexdfa.dfas_bytes(self._X) + sum(a.nbytes for a in self._D)
         return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members

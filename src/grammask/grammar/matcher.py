@@ -45,6 +45,8 @@ MAX_SKIP_STATES = 1024
 #: building call), so the read-only call before it was ~28 us of the time to first mask for nothing
 SKIP_FIRST_READ_ONLY = True
 _FILL_ERROR = "internal error: the mask kernel did not settle"
+#: :meth:`GrammarMatcher.state_key` is None past this many parse rows (the key holds them all)
+STATE_KEY_MAX_ROWS = 1024
 _INT32 = np.dtype(np.int32)
 
 
@@ -115,6 +117,9 @@ class GrammarMatcher:
         maxlen = None if self.max_rollback_tokens < 0 else self.max_rollback_tokens
         self._history: deque = deque(maxlen=maxlen)
         self._fallback_step = False
+        #: rows of the parse stack were built under an earlier lexer generation (:meth:`_sync`):
+        #: their accepted-set ids are that generation's, so :meth:`state_key` has none
+        self._foreign_rows = False
         if self._canon is not None:
             self._canon.reset()
 
@@ -160,10 +165,27 @@ class GrammarMatcher:
             return t
 
         self._s = move(self._s)
+        if self._h > 1 or self._history:
+            self._foreign_rows = True
         self._history = deque([(move(s), h, n, t) for s, h, n, t in self._history], maxlen=self._history.maxlen)
         self._lexer = new
         # rows above the height hold start states of the old generation: none may be reused
         self._stack.arrays.info[3] = 0
+
+    def state_key(self):
+        """A hashable key equal for two matchers of this grammar exactly when they are in the same
+        state (whatever their history), or None. The parse stack is a function of the accepted
+        sets scanned to build its rows (``row_key``; :func:`~.earley.compute_row` builds a row
+        from the one below and that set alone), so the rows' keys, the lexer state and whether
+        anything was read at all (``can_end`` asks only that of the position) are the whole
+        state. The ids are the current lexer generation's: a key is only meaningful against
+        keys of that generation (:class:`.canonical.LookaheadMemo` is kept per generation), and
+        a matcher whose rows an earlier generation built has none; nor has a stack deeper than
+        :data:`STATE_KEY_MAX_ROWS` rows."""
+        h = self._h
+        if self._foreign_rows or h > STATE_KEY_MAX_ROWS:
+            return None
+        return (self._stack.arrays.row_key[1:h].tobytes(), self._s, self._lex_len > 0, self._terminated)
 
     def _call(self, fn, *head, tail=()):
         """Run kernel ``fn(*head, G, L, P, M, *tail)`` until it settles (:meth:`CompiledGrammar.run`)."""
