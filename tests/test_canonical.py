@@ -1384,3 +1384,55 @@ def test_state_key_is_equal_exactly_for_equal_grammar_states(small):
     assert tiny.lexer_generations >= 1 and m.state_key() is None
     m.reset()
     assert m.state_key() is not None
+
+
+def test_lookahead_memo_shared_by_threads_gives_the_same_masks():
+    """Matchers of one grammar in several threads share its lookahead memo (filled and read
+    concurrently): every mask equals the one computed beforehand with the memo off."""
+    import threading
+
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    V = info.vocab_size
+    names = _KEYS_SCHEMA["required"]
+    docs = [json.dumps({k: ("abading" if k == "kind" else i * s) for i, k in enumerate(names)},
+                       separators=(",", ":") if s % 2 else (", ", ": ")) for s in range(1, 7)]
+    ref_grammar = GrammarCompiler(info).compile_json_schema(_KEYS_SCHEMA)
+    expected = []
+    for doc in docs:
+        m = GrammarMatcher(ref_grammar, canonical=ct)
+        m._canon.memoise = False
+        rows = []
+        for t in encode(doc):
+            w = np.zeros((V + 31) // 32, np.uint32)
+            m.fill_words(w)
+            rows.append(w)
+            assert m.accept_token(t)
+        expected.append(rows)
+    shared = GrammarCompiler(info).compile_json_schema(_KEYS_SCHEMA)
+    errors = []
+
+    def run(k: int) -> None:
+        try:
+            for rep in range(3):
+                for j in range(len(docs)):
+                    d = (j + k) % len(docs)
+                    m = GrammarMatcher(shared, canonical=ct)
+                    for step, t in enumerate(encode(docs[d])):
+                        w = np.zeros((V + 31) // 32, np.uint32)
+                        m.fill_words(w)
+                        if not np.array_equal(w, expected[d][step]):
+                            errors.append((k, d, step))
+                            return
+                        assert m.accept_token(t)
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert not errors, errors[:5]
+    memos = list(shared.lexer.__dict__["canonical_memos"].values())
+    assert sum(mm.hits for mm in memos) > 50
