@@ -1339,14 +1339,14 @@ def test_lookahead_memo_gives_the_masks_of_the_full_lookahead():
 
 def test_state_key_is_equal_exactly_for_equal_grammar_states(small):
     """``GrammarMatcher.state_key``: equal after prefixes that differ only in values (the same
-    lexemes scanned, the same lexer state), different after other structure; the masks agree
-    where the keys do. A matcher moved to a new lexer generation with rows built by the old one
-    has no key."""
+    lexemes scanned, the same lexer state) and at the same place of two array elements after the
+    first (the rows of a finished element are not reachable), different after other structure; the masks agree
+    where the keys do. A matcher moved to a new lexer generation has the key of one that got
+    there in that generation."""
     info, _tok, _encode = small
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"},
                                                "c": {"type": "array", "items": {"type": "integer"}}},
               "required": ["a", "b", "c"], "additionalProperties": False}
-    compiled = GrammarCompiler(info).compile_json_schema(schema)
 
     def at(prefix: str) -> GrammarMatcher:
         m = GrammarMatcher(compiled)
@@ -1358,32 +1358,43 @@ def test_state_key_is_equal_exactly_for_equal_grammar_states(small):
         m.fill_words(w)
         return _ids(w, info.vocab_size)
 
+    schema["properties"]["d"] = {"type": "array", "items": {"type": "object", "properties": {
+        "k": {"type": "integer"}, "v": {"type": "array", "items": {"type": "string"}}}, "required": ["k", "v"]}}
+    schema["required"].append("d")
+    compiled = GrammarCompiler(info).compile_json_schema(schema)
+    head = '{"a": 1, "b": "x", "c": [], "d": ['
     same = [('{"a": 1, "b": "x", ', '{"a": 12345, "b": "yyy zz", '),
+            (head + '{"k": 1, "v": []}, {"k": 7, "v": ["',
+             head + '{"k": 1, "v": []}, {"k": 22, "v": ["q"]}, {"k": 3, "v": ["'),
+            (head + '{"k": 1, "v": ["a"], ', head + '{"k": 5, "v": ["a", "b"], '),
             ('{"a": 1, "b": "x", "c": [', '{"a": -7, "b": "", "c": ['),
             ('{"a": 1, "b": "x", "c": [1, 2', '{"a": 2, "b": "q", "c": [3, 4'),
-            ('{"a": 1', '{"a": 5')]
+            ('{"a": 1', '{"a": 5'), ('{"a": 1, "b": "x", "c": [1, 2', '{"a": 1, "b": "x", "c": [1, 2, 3')]
     for p, q in same:
         a, b = at(p), at(q)
         assert a.state_key() is not None and a.state_key() == b.state_key(), (p, q)
         assert mask(a) == mask(b)
     other = [('{"a": 1, "b": "x", ', '{"a": 1, "b": "x"'),
              ('{"a": 1, "b": "x", "c": [1', '{"a": 1, "b": "x", "c": [1, 2'),
-             ('{"a": 1, "b": "x", "c": [1, 2', '{"a": 1, "b": "x", "c": [1, 2, 3'),
-             ('{"a": 1', '{"a": 1, "b": "xy'), ('', ' ')]
+             ('{"a": 1', '{"a": 1, "b": "xy'), ('', ' '),
+             (head + '{"k": 1, "v": ["', head + '{"k": 1, "v": [], "w": ["'),
+             (head + '{"k": 1, "v": ["a", ', head + '{"k": 1, "v": ["a"]}, ')]
     for p, q in other:
         assert at(p).state_key() != at(q).state_key(), (p, q)
     # a lexer generation of a few states: moving to the next one leaves rows built by the old one
     tiny = GrammarCompiler(info, max_lexer_states=16).compile_json_schema(schema)
     m = GrammarMatcher(tiny)
-    assert m.accept_string('{"a": 1, "b": "')
-    keys = []
+    text = '{"a": 1, "b": "'
+    assert m.accept_string(text)
     for _ in range(40):
-        keys.append(m.state_key())
         assert m.accept_string("ab")
+        text += "ab"
         m.fill_words(np.zeros((info.vocab_size + 31) // 32, np.uint32))
-    assert tiny.lexer_generations >= 1 and m.state_key() is None
-    m.reset()
-    assert m.state_key() is not None
+    assert tiny.lexer_generations >= 1
+    m.fill_words(np.zeros((info.vocab_size + 31) // 32, np.uint32))
+    fresh = GrammarMatcher(tiny)
+    assert fresh.accept_string(text)
+    assert m.state_key() is not None and m.state_key() == fresh.state_key()
 
 
 def test_lookahead_memo_shared_by_threads_gives_the_same_masks():

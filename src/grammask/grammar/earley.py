@@ -303,6 +303,49 @@ def initial_row(G, L, P, M):
     return st
 
 
+@njit(nogil=True, cache=True)
+def stack_key(P, h, out):
+    """Write into ``out`` (int32) a key of the parse below height ``h`` that is equal for two
+    stacks exactly when what they can still parse is the same: the rows reachable from the top
+    row through the items' origins (completion reads no other row), top first, each as its item
+    count and its items ``(pos, origin)``, the origin written as the rank of that row among the
+    reachable ones. Rows that nothing reaches (a finished array element's) and the rows' absolute
+    heights drop out, so the same place in each element of an array has one key. Returns the
+    length written, or -1 when ``out`` is too short."""
+    row_beg = P.row_beg
+    it_pos = P.it_pos
+    it_org = P.it_org
+    rank = np.full(h, -1, np.int32)
+    rank[h - 1] = 0
+    # origins are at or below their row: one pass downward marks every reachable row
+    for r in range(h - 1, -1, -1):
+        if rank[r] < 0:
+            continue
+        for i in range(row_beg[r], row_beg[r + 1]):
+            o = it_org[i]
+            if rank[o] < 0:
+                rank[o] = 0
+    k = 0
+    for r in range(h - 1, -1, -1):
+        if rank[r] >= 0:
+            rank[r] = k
+            k += 1
+    n = 0
+    for r in range(h - 1, -1, -1):
+        if rank[r] < 0:
+            continue
+        a, b = row_beg[r], row_beg[r + 1]
+        if n + 1 + 2 * (b - a) > out.shape[0]:
+            return -1
+        out[n] = b - a
+        n += 1
+        for i in range(a, b):
+            out[n] = it_pos[i]
+            out[n + 1] = rank[it_org[i]]
+            n += 2
+    return n
+
+
 class ParseStack:
     """The arrays of one parse (owned by a matcher) as :class:`ParseArrays` in ``arrays``;
     grown by Python when a kernel asks (the tuple is rebuilt only then)."""

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import MatcherError
 from .compiled import CompiledGrammar
-from .earley import MISSING, OK, REJECT, STOP_AT_MISSING
+from .earley import MISSING, OK, REJECT, STOP_AT_MISSING, stack_key
 from .kstruct import kstruct
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
                    forced_after, jump_forward, walk_stack)
@@ -32,6 +32,7 @@ _forced_after = FastCall(forced_after)
 _forced_after_x = FastCall(forced_after)
 _jump_forward = FastCall(jump_forward)
 _jump_forward_x = FastCall(jump_forward)
+_stack_key = FastCall(stack_key)
 _NO_PROBE: dict = {}     # zero probe masks, by width
 _NO_KNOWN: dict = {}     # no probe verdicts, by width
 #: the order forced_after scans a lexer row in: the bytes a JSON or text state most often reads
@@ -45,8 +46,8 @@ MAX_SKIP_STATES = 1024
 #: building call), so the read-only call before it was ~28 us of the time to first mask for nothing
 SKIP_FIRST_READ_ONLY = True
 _FILL_ERROR = "internal error: the mask kernel did not settle"
-#: :meth:`GrammarMatcher.state_key` is None past this many parse rows (the key holds them all)
-STATE_KEY_MAX_ROWS = 1024
+#: :meth:`GrammarMatcher.state_key` is None past this many int32 (the reachable rows' items)
+STATE_KEY_MAX_LEN = 1 << 16
 _INT32 = np.dtype(np.int32)
 
 
@@ -117,9 +118,6 @@ class GrammarMatcher:
         maxlen = None if self.max_rollback_tokens < 0 else self.max_rollback_tokens
         self._history: deque = deque(maxlen=maxlen)
         self._fallback_step = False
-        #: rows of the parse stack were built under an earlier lexer generation (:meth:`_sync`):
-        #: their accepted-set ids are that generation's, so :meth:`state_key` has none
-        self._foreign_rows = False
         if self._canon is not None:
             self._canon.reset()
 
@@ -134,6 +132,7 @@ class GrammarMatcher:
         new._out = self._out.copy()
         new._ok = self._ok.copy()
         new.__dict__.pop("_fa_cand", None)     # forced_after_words' scratch: a fork may run in another thread
+        new.__dict__.pop("_sk_buf", None)      # (and state_key's)
         new._history = deque(self._history, maxlen=self._history.maxlen)
         if self._canon is not None:
             new._canon = self._canon.copy()
@@ -165,27 +164,29 @@ class GrammarMatcher:
             return t
 
         self._s = move(self._s)
-        if self._h > 1 or self._history:
-            self._foreign_rows = True
         self._history = deque([(move(s), h, n, t) for s, h, n, t in self._history], maxlen=self._history.maxlen)
         self._lexer = new
         # rows above the height hold start states of the old generation: none may be reused
         self._stack.arrays.info[3] = 0
 
     def state_key(self):
-        """A hashable key equal for two matchers of this grammar exactly when they are in the same
-        state (whatever their history), or None. The parse stack is a function of the accepted
-        sets scanned to build its rows (``row_key``; :func:`~.earley.compute_row` builds a row
-        from the one below and that set alone), so the rows' keys, the lexer state and whether
-        anything was read at all (``can_end`` asks only that of the position) are the whole
-        state. The ids are the current lexer generation's: a key is only meaningful against
-        keys of that generation (:class:`.canonical.LookaheadMemo` is kept per generation), and
-        a matcher whose rows an earlier generation built has none; nor has a stack deeper than
-        :data:`STATE_KEY_MAX_ROWS` rows."""
-        h = self._h
-        if self._foreign_rows or h > STATE_KEY_MAX_ROWS:
-            return None
-        return (self._stack.arrays.row_key[1:h].tobytes(), self._s, self._lex_len > 0, self._terminated)
+        """A hashable key equal for two matchers of this grammar (in one lexer generation) when
+        they are in the same state, whatever their history, or None: the parse's reachable rows
+        (:func:`~.earley.stack_key`: equal keys, equal futures; the same place in each element of
+        an array has one key), the lexer state (its id is the generation's: a key is only
+        compared with keys of that generation, as :class:`.canonical.LookaheadMemo` does) and
+        whether anything was read at all (``can_end`` asks only that of the position). None when
+        the reachable rows hold more than :data:`STATE_KEY_MAX_LEN` numbers."""
+        buf = self.__dict__.get("_sk_buf")
+        if buf is None:
+            buf = self._sk_buf = np.empty(1024, np.int32)
+        while True:
+            n = _stack_key(self._stack.arrays, self._h, buf)
+            if n >= 0:
+                return (buf[:n].tobytes(), self._s, self._lex_len > 0, self._terminated)
+            if buf.shape[0] >= STATE_KEY_MAX_LEN:
+                return None
+            buf = self._sk_buf = np.empty(2 * buf.shape[0], np.int32)
 
     def _call(self, fn, *head, tail=()):
         """Run kernel ``fn(*head, G, L, P, M, *tail)`` until it settles (:meth:`CompiledGrammar.run`)."""
