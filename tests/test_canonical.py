@@ -1013,7 +1013,7 @@ def _full_search(m: GrammarMatcher, c: int, text: bytes, pos: int, nxt=None) -> 
     state of ``m``, on a fork, with nothing memoised for it."""
     f = m.fork()
     cs = f._canon
-    cs._fork, cs._matcher, cs._asked, cs._after_masks, cs._next_after = None, f, False, {}, nxt
+    cs._matcher, cs._asked, cs._after_masks, cs._next_after = f, False, {}, nxt
     key = ("test", c, text, None if nxt is None else nxt.tobytes())
     return bool(cs._search_after(c, text, pos, {}, key))
 
@@ -1447,3 +1447,37 @@ def test_lookahead_memo_shared_by_threads_gives_the_same_masks():
     assert not errors, errors[:5]
     memos = list(shared.lexer.__dict__["canonical_memos"].values())
     assert sum(mm.hits for mm in memos) > 50
+
+
+def test_grammar_questions_of_the_lookahead_leave_the_matcher_as_it_is(small):
+    """``accepts_bytes`` and ``plain_words_after`` (what the dead-end lookahead asks the grammar,
+    in the middle of a canonical mask) answer as a fork that accepts the text would, and leave
+    the matcher's state, its canonical state and its next mask as they were."""
+    info, _tok, _encode = small
+    ct = canonical_tokenizer(info)
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+              "required": ["a", "b"], "additionalProperties": False}
+    g = GrammarCompiler(info).compile_json_schema(schema)
+    n_words = (info.vocab_size + 31) // 32
+    for prefix in ('{"a": 1', '{"a": 12, "b": "x', '{'):
+        m = GrammarMatcher(g, canonical=ct)
+        assert m.accept_string(prefix)
+        before = np.zeros(n_words, np.uint32)
+        m.fill_words(before)
+        key, region = m.state_key(), m._canon._region()
+        for data in (b'0', b', "b": "', b'}', b'"a', b'zz', b'', b' ', b'2, "b": "q"}'):
+            f = m.fork()
+            f._canon = None
+            expected = f.accept_string(data)
+            assert m.accepts_bytes(data) == expected, (prefix, data)
+            w = np.zeros(n_words, np.uint32)
+            assert m.plain_words_after(data, w) == expected
+            if expected:
+                w2 = np.zeros(n_words, np.uint32)
+                f.fill_words(w2)
+                assert np.array_equal(w, w2), (prefix, data)
+            else:
+                assert not w.any()
+            after = np.zeros(n_words, np.uint32)
+            m.fill_words(after)
+            assert np.array_equal(after, before) and m.state_key() == key and m._canon._region() == region

@@ -1028,7 +1028,6 @@ class CanonicalState:
             memo: dict = {}
             verdicts = ct._forced_verdicts
             here = None
-            self._fork = None
             self._matcher = matcher
             # verdicts that asked the grammar nothing are the tokenizer's alone: kept per tokenizer
             # (``memo`` is shared by the candidates, so none is kept once one asked)
@@ -1055,7 +1054,7 @@ class CanonicalState:
                     self._drop(words, t)
                 elif ok == CERTAIN:
                     unique = True
-            self._fork = self._matcher = None
+            self._matcher = None
         if nz <= self.forced_after_words or narrow is not None:
             self._prune_forced_after(matcher, words, checked, narrow)
         # more words than tokens the search may take (counted again: the searches above may
@@ -1116,7 +1115,6 @@ class CanonicalState:
             return
         tb = self.ct.info.token_bytes
         memo = self.ct._forced_verdicts
-        self._fork = None
         self._matcher = matcher
         try:
             # narrow candidates with nothing forced after them: decided by the kernel (-3: no
@@ -1170,7 +1168,7 @@ class CanonicalState:
                 elif ok == CERTAIN:
                     certain = text
         finally:
-            self._fork = self._matcher = self._next_after = None
+            self._matcher = self._next_after = None
 
     def _first_table(self, toks, here: tuple):
         """:meth:`_first_after` of the narrow tokens ``toks`` (ids), as arrays ([n, 8] first
@@ -1235,12 +1233,7 @@ class CanonicalState:
 
     def _grammar_takes(self, data: bytes) -> bool:
         """Does the grammar accept ``data`` from the state the lookahead started in?"""
-        if self._fork is None:
-            self._fork = self._matcher.fork()
-        if not self._fork.accept_string(data):
-            return False
-        self._fork.rollback(1)
-        return True
+        return self._matcher.accepts_bytes(data)
 
     def _forced_viable(self, forced: bytes, pos: int, memo: dict) -> bool:
         """Can the (already pushed) token sequence, which spells ``forced[:pos]``, go on canonically
@@ -1325,11 +1318,8 @@ class CanonicalState:
         memo = self._after_masks
         hit = memo.get(data)
         if hit is None:
-            f = self._matcher.fork()
-            f._canon = None
             hit = np.zeros(self.ct.n_words, np.uint32)
-            if f.accept_string(data):
-                f.fill_words(hit)
+            self._matcher.plain_words_after(data, hit)
             memo[data] = hit
         return hit
 

@@ -304,6 +304,42 @@ class GrammarMatcher:
             self._canon.push_text()
         return True
 
+    def accepts_bytes(self, data: bytes) -> bool:
+        """Whether the grammar accepts ``data`` from here; the state is left as it is (the parse
+        rows the call built above the height are scratch, as after a rejected token)."""
+        if self._terminated:
+            return False
+        self._sync()
+        if not data:
+            return True
+        saved = (self._s, self._h, self._lex_len)
+        ok = self._advance(data)
+        self._s, self._h, self._lex_len = saved
+        return ok
+
+    def plain_words_after(self, data: bytes, words: np.ndarray) -> bool:
+        """The grammar's own mask (no canonical condition) after ``data`` from here, into
+        ``words``; False (``words`` untouched) where the grammar rejects ``data``. The state is
+        left as it is: the dead-end lookahead asks this in the middle of a canonical mask, where a
+        fork (its parse stack and walk buffers copied) cost ~200 us."""
+        if self._terminated:
+            return False
+        self._sync()
+        lx = self._lexer
+        saved = (self._s, self._h, self._lex_len, self._terminated)
+        canon, self._canon = self._canon, None
+        try:
+            if data and not self._advance(data):
+                return False
+            self.fill_words(words)
+            return True
+        finally:
+            self._canon = canon
+            s = saved[0]
+            if self._lexer is not lx:   # (the mask moved the matcher to a new lexer generation)
+                s = self._lexer.translate(lx, s)
+            self._s, self._h, self._lex_len, self._terminated = s, saved[1], saved[2], saved[3]
+
     def rollback(self, num_tokens: int = 1) -> None:
         """Undo the last ``num_tokens`` accepted tokens."""
         if num_tokens < 0 or num_tokens > len(self._history):
