@@ -670,7 +670,8 @@ class LookaheadMemo:
     function of those alone: the grammar's answers depend on its state, the canonical ones on
     the region (as :attr:`CanonicalTokenizer._forced_verdicts` assumes), the searches on the
     settings. A schema served again meets the same states (the same keys in the same order,
-    other values): the searches after a key or before a forced value then cost a dict lookup.
+    other values), and so does each element of an array after the first: the searches after a key
+    or before a forced value then cost a dict lookup.
     Bounded by :attr:`max_bytes` (cleared when full)."""
 
     #: bytes (estimated) past which the memo is cleared
@@ -972,8 +973,10 @@ class CanonicalState:
         # two forced bytes or more: every allowed token starts with the first (a stop token, or
         # two first bytes, and nothing is forced)
         one = nz <= 512 and self.ct.one_first_byte(words)
-        if not one and nz > self.forced_after_words and narrow is None:
-            return      # (nor a search along forced text, nor a candidate list: more than 8 tokens)
+        if not one and nz > self.forced_after_words and nz > self.lookahead_limit and narrow is None:
+            # nothing to search: no forced text, nor the text forced after each candidate, nor a
+            # candidate list (more non-zero words than the list may hold tokens)
+            return
         memo = None
         if self.memoise:
             sk = matcher.state_key()

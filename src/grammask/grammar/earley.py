@@ -305,13 +305,14 @@ def initial_row(G, L, P, M):
 
 @njit(nogil=True, cache=True)
 def stack_key(P, h, out):
-    """Write into ``out`` (int32) a key of the parse below height ``h`` that is equal for two
-    stacks exactly when what they can still parse is the same: the rows reachable from the top
-    row through the items' origins (completion reads no other row), top first, each as its item
-    count and its items ``(pos, origin)``, the origin written as the rank of that row among the
-    reachable ones. Rows that nothing reaches (a finished array element's) and the rows' absolute
-    heights drop out, so the same place in each element of an array has one key. Returns the
-    length written, or -1 when ``out`` is too short."""
+    """Write into ``out`` (int32) a key of the parse below height ``h``: two stacks with equal
+    keys can parse the same continuations, alike (the converse need not hold). The key is the rows
+    reachable from the top row through the items' origins (completion reads no other row), top
+    first, each as its item count and its items ``(pos, origin)``, the origin written as the rank
+    of that row among the reachable ones. Rows that nothing reaches (a finished array element's)
+    and the rows' absolute heights drop out, so the same place in each element of an array after
+    the first has one key (the first is parsed by another rule). Returns the length written, or
+    -1 when ``out`` is too short."""
     row_beg = P.row_beg
     it_pos = P.it_pos
     it_org = P.it_org

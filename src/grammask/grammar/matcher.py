@@ -170,10 +170,10 @@ class GrammarMatcher:
         self._stack.arrays.info[3] = 0
 
     def state_key(self):
-        """A hashable key equal for two matchers of this grammar (in one lexer generation) when
-        they are in the same state, whatever their history, or None: the parse's reachable rows
-        (:func:`~.earley.stack_key`: equal keys, equal futures; the same place in each element of
-        an array has one key), the lexer state (its id is the generation's: a key is only
+        """A hashable key of this matcher's state, whatever its history, or None: two matchers of
+        this grammar (in one lexer generation) with equal keys give the same masks and accept the
+        same tokens from here on. It is the parse's reachable rows (:func:`~.earley.stack_key`:
+        the same place in each element of an array after the first has one key), the lexer state (its id is the generation's: a key is only
         compared with keys of that generation, as :class:`.canonical.LookaheadMemo` does) and
         whether anything was read at all (``can_end`` asks only that of the position). None when
         the reachable rows hold more than :data:`STATE_KEY_MAX_LEN` numbers."""
