@@ -966,17 +966,20 @@ class CanonicalState:
             narrow = words & self.ct.narrow_words
             if not narrow.any():
                 narrow = None
-        if nz > 512 and nz > self.forced_after_words:
-            if narrow is not None:
-                self._prune_forced_after(matcher, words, set(), narrow)
-            return
-        # two forced bytes or more: every allowed token starts with the first (a stop token, or
-        # two first bytes, and nothing is forced)
-        one = nz <= 512 and self.ct.one_first_byte(words)
-        if not one and nz > self.forced_after_words and nz > self.lookahead_limit and narrow is None:
-            # nothing to search: no forced text, nor the text forced after each candidate, nor a
-            # candidate list (more non-zero words than the list may hold tokens)
-            return
+        # wide: only the narrow candidates are read (if any)
+        wide = nz > 512 and nz > self.forced_after_words
+        if wide:
+            if narrow is None:
+                return
+            one = False
+        else:
+            # two forced bytes or more: every allowed token starts with the first (a stop token,
+            # or two first bytes, and nothing is forced)
+            one = nz <= 512 and self.ct.one_first_byte(words)
+            if not one and nz > self.forced_after_words and nz > self.lookahead_limit and narrow is None:
+                # nothing to search: no forced text, nor the text forced after each candidate,
+                # nor a candidate list (more non-zero words than the list may hold tokens)
+                return
         memo = None
         if self.memoise:
             sk = matcher.state_key()
@@ -990,7 +993,10 @@ class CanonicalState:
                     return
                 self._dropped = []
         try:
-            self._prune(matcher, words, nz, narrow, one)
+            if wide:
+                self._prune_forced_after(matcher, words, set(), narrow)
+            else:
+                self._prune(matcher, words, nz, narrow, one)
             if memo is not None:
                 memo.put(key, tuple(self._dropped))
         finally:
