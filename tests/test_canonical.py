@@ -1293,12 +1293,17 @@ def _ids(words: np.ndarray, V: int) -> set:
     return set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:V]).tolist())
 
 
-def test_lookahead_memo_gives_the_masks_of_the_full_lookahead():
+@pytest.mark.parametrize("narrow", [False, True], ids=["default", "narrow_lookahead"])
+def test_lookahead_memo_gives_the_masks_of_the_full_lookahead(narrow, monkeypatch):
     """What prune_dead_ends drops is kept per (grammar state, canonical state): documents of one
     schema with other values meet the same states (the keys, the forced values after them), where
     the memo answers. At every step of each document's canonical tokenization, the mask equals
     that of a matcher whose lookahead runs in full (memo off); the memo answered many masks, some
-    of them by dropping tokens (Llama-3)."""
+    of them by dropping tokens (Llama-3; also with the opt-in narrow lookahead, memoised on wide
+    masks too)."""
+    from grammask.grammar.canonical import CanonicalState
+
+    monkeypatch.setattr(CanonicalState, "narrow_lookahead", narrow)
     info, _tok, encode = _llama()
     ct = canonical_tokenizer(info)
     V = info.vocab_size
