@@ -802,16 +802,8 @@ class CanonicalState:
             self._raw_filter(words)
             return -1
         key = self._region()
-        # (cached_region_words and conflict_words inline: they run on every canonical mask)
-        table = ct._verdicts
-        hit = table.get(key)
-        if hit is not None:
-            try:
-                table.move_to_end(key)
-            except KeyError:        # dropped by another thread's put meanwhile: still a valid answer
-                pass
-            ct.stats["region_hits"] += 1
-        else:
+        hit = ct.cached_region_words(key)
+        if hit is None:
             ids = _ids_of(words, ct.lazy_limit)
             if ids is not None and len(ids) <= ct.lazy_limit:
                 self._lazy_filter(words, key, ids)
@@ -819,15 +811,7 @@ class CanonicalState:
             hit = ct.region_words(key)
         ok, need = hit
         if self.last >= 0 and self.tokens:
-            conf = ct._conflicts.get(self.last)
-            if conf is None:
-                conf = ct.conflict_words(self.last)
-            else:
-                try:
-                    ct._conflicts.move_to_end(self.last)
-                except KeyError:
-                    pass
-                ct.stats["conflict_hits"] += 1
+            conf = ct.conflict_words(self.last)
         else:
             conf = _NO_CONFLICTS.get(ok.shape[0])
             if conf is None:
@@ -1371,20 +1355,14 @@ class CanonicalState:
         finally:
             matcher.rollback(1)
 
-    _stop_src = None    # the stop ids restrict() last read, and their (id, word, bit)
-    _stop_bits: list = []
-
     def restrict(self, words: np.ndarray, stop_ids) -> int:
         """AND the canonical condition into the grammar's mask ``words``; a stop token the grammar
         allows stays allowed iff the text may end here canonically. Returns the non-zero words
         left where that was counted on the way, else -1 (for :meth:`prune_dead_ends`)."""
-        if stop_ids is not self._stop_src:     # (the matcher's list: the same object every mask)
-            V = self.ct.vocab_size
-            self._stop_bits = [(t, t >> 5, 1 << (t & 31)) for t in stop_ids if 0 <= t < V]
-            self._stop_src = stop_ids
+        V = self.ct.vocab_size
         stops = None
-        for t, wi, bit in self._stop_bits:
-            if words.item(wi) & bit:
+        for t in stop_ids:
+            if 0 <= t < V and (words.item(t >> 5) >> (t & 31)) & 1:
                 stops = [t] if stops is None else stops + [t]
         nz = self.allowed_words(words)
         if stops and self.can_end():
