@@ -1481,3 +1481,99 @@ def test_grammar_questions_of_the_lookahead_leave_the_matcher_as_it_is(small):
             after = np.zeros(n_words, np.uint32)
             m.fill_words(after)
             assert np.array_equal(after, before) and m.state_key() == key and m._canon._region() == region
+
+
+# ---------------------------------------------------------------------------------------------- unfinished characters
+def _classes_by_enumeration(part: bytes) -> int:
+    """The probe bits of the classes of every valid completion of ``part``, by decoding each."""
+    from grammask.grammar.canonical import _TAIL_CLASS_PROBES, _char_class
+
+    c = part[0]
+    need = (2 if c < 0xE0 else 3 if c < 0xF0 else 4) - len(part)
+    ends = [b""]
+    for _ in range(need):
+        ends = [e + bytes([x]) for e in ends for x in range(0x80, 0xC0)]
+    out = 0
+    for e in ends:
+        try:
+            ch = (part + e).decode("utf-8")
+        except UnicodeDecodeError:
+            continue
+        k = _char_class(ch)
+        out |= _TAIL_CLASS_PROBES["x" if k == "L" else k]
+    return out
+
+
+def test_tail_probes_are_the_classes_of_the_completions():
+    """:func:`tail_probes` (code point blocks) equals the classes of every valid completion, decoded
+    one by one: every lead byte alone up to three-byte characters, every lead with one continuation
+    byte, and a sample of four-byte prefixes (with 0 where nothing completes: overlong forms,
+    surrogates, past U+10FFFF)."""
+    from grammask.grammar.canonical import tail_probes
+
+    rng = random.Random(5)
+    parts = [bytes([c]) for c in range(0xC2, 0xF0)] + [bytes([c, x]) for c in range(0xE0, 0xF5) for x in range(0x80, 0xC0)]
+    parts += [bytes([c, rng.randrange(0x80, 0xC0), rng.randrange(0x80, 0xC0)]) for c in range(0xF0, 0xF5) for _ in range(20)]
+    parts += [b"\xf0"]
+    kinds = set()
+    for p in parts:
+        want = _classes_by_enumeration(p)
+        assert tail_probes(p) == want, p
+        kinds.add(want)
+    # letters only, signs only, mixed, and no completion at all are all met
+    assert len(kinds) > 5 and 0 in kinds
+
+
+def test_a_token_ending_inside_a_character_is_judged_on_what_it_completes_to():
+    """Llama-3: after a run of spaces, a token ending inside a CJK letter (``\\xe4\\xb8``: U+4E00 to
+    U+4E3F, letters only) is not canonical (the run's last space joins the letter), whatever the
+    letter and what follows: the oracle never writes it there, and the mask no longer allows it
+    (it did when an unfinished character could stand for any class: a dead end one token later).
+    Conversely, every token ending inside a character that the oracle writes after one of the
+    contexts, for some completion and what follows, is allowed there."""
+    info, tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    comp = GrammarCompiler(info)
+    g = comp.compile_regex(r"[\s\S]*")
+    tb, V = info.token_bytes, info.vocab_size
+    cjk = tb.index(b"\xe4\xb8")
+    futures = ["", "x", " ", "1", ".", "\n", " a"]
+    ctx = "a   "
+    pre = encode(ctx)
+    assert [tb[t] for t in pre] == [b"a", b"   "]
+    texts = [ctx + (b"\xe4\xb8" + bytes([x])).decode() + f for x in range(0x80, 0xC0) for f in futures]
+    assert all(e.ids[:3] != pre + [cjk] for e in tok.encode_batch(texts, add_special_tokens=False))
+    m = GrammarMatcher(g, canonical=ct)
+    for t in pre:
+        assert m.accept_token(t)
+    assert cjk not in set(_allowed(m, V).tolist())
+    # never blocking: tokens the oracle writes after each context
+    from grammask.grammar.canonical import _utf8_split
+
+    rng = random.Random(3)
+
+    def need(b):        # bytes missing from the last character of ``b``
+        tl = _utf8_split(b)[1]
+        return (2 if b[-tl] < 0xE0 else 3 if b[-tl] < 0xF0 else 4) - tl if tl else 0
+
+    tails = [t for t in range(V) if tb[t] and not _utf8_split(tb[t])[0] and need(tb[t]) == 1]
+    sample = rng.sample(tails, 60) + [cjk]
+    written = 0
+    for ctx in ["a", "a ", "a   ", "1", ".", "\n"]:
+        pre = encode(ctx)
+        m = GrammarMatcher(g, canonical=ct)
+        for t in pre:
+            assert m.accept_token(t)
+        allowed = set(_allowed(m, V).tolist())
+        for t in sample:
+            texts = []
+            for x in range(0x80, 0xC0):
+                try:
+                    ch = (tb[t] + bytes([x])).decode("utf-8")
+                except UnicodeDecodeError:
+                    continue
+                texts += [ctx + ch + f for f in futures]
+            if any(e.ids[: len(pre) + 1] == pre + [t] for e in tok.encode_batch(texts, add_special_tokens=False)):
+                written += 1
+                assert t in allowed, (ctx, tb[t])
+    assert written > 30

@@ -125,6 +125,62 @@ def outside_contractions(rep: str) -> str:
     return "".join(out)
 
 
+#: the probes whose first character can stand for an unfinished last character: a character of two
+#: bytes or more is a letter (``x``), a number (``1``), other (``.``) or a space other than the ASCII
+#: ones (``\t``); never the end of text, nor an ASCII space, newline, apostrophe or contraction letter
+_TAIL_CLASS_PROBES = {k: sum(1 << i for i, f in enumerate(PROBES) if f and f[0] == k) for k in "x1.\t"}
+#: every probe an unfinished character may stand for (its completions not enumerated)
+ALL_TAIL = sum(_TAIL_CLASS_PROBES.values())
+
+
+def _tail_probe_list(mask) -> list:
+    """The probes of a tail mask (True: every probe a character may stand for)."""
+    if mask is True:
+        mask = ALL_TAIL
+    return [f for i, f in enumerate(PROBES) if (mask >> i) & 1]
+
+
+@functools.lru_cache(maxsize=1)
+def _block_classes() -> np.ndarray:
+    """Per block of 64 code points below U+40000, the classes of its characters as bits (1: letter,
+    2: number, 4: other, 8: a space; :func:`_char_class`); none for the surrogates. ~60 ms, once."""
+    cps = np.arange(0x40000)
+    cat = np.array([ord(unicodedata.category(chr(c))[0]) for c in range(0x40000)], np.uint8)
+    bits = np.where(cat == ord("L"), 1, np.where(cat == ord("N"), 2, 4)).astype(np.uint8)
+    space = np.array([c for c in range(0x40000) if chr(c).isspace()], np.int64)
+    bits[space] = 8
+    bits[(cps >= 0xD800) & (cps < 0xE000)] = 0
+    return np.bitwise_or.reduceat(bits, np.arange(0, 0x40000, 64))
+
+
+@functools.lru_cache(maxsize=4096)
+def tail_probes(part: bytes) -> int:
+    """The probes (bits over :data:`PROBES`) that the unfinished last character ``part`` (a lead
+    byte and some of its continuation bytes) may stand for: those of the classes of the characters
+    it may complete to (``\xe4\xb8`` only to CJK letters, ``\xe2\x89`` only to mathematical signs,
+    ``\xe0\xa4`` to Devanagari letters, marks and digits). 0: it completes to no valid character
+    (an overlong form, a surrogate, past U+10FFFF)."""
+    c = part[0]
+    n = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+    cp = c & (0x1F if n == 2 else 0x0F if n == 3 else 0x07)
+    for x in part[1:]:
+        cp = cp << 6 | (x & 0x3F)
+    free = 6 * (n - len(part))
+    lo, hi = max(cp << free, (0x80, 0x800, 0x10000)[n - 2]), min(((cp + 1) << free) - 1, 0x10FFFF)
+    if lo > hi:
+        return 0
+    cls = 0
+    if lo < 0x40000:
+        cls = int(np.bitwise_or.reduce(_block_classes()[lo >> 6: (min(hi, 0x3FFFF) >> 6) + 1]))
+    if hi >= 0x40000:
+        cls |= 4        # planes 4 to 16: unassigned and private use (other)
+    out = 0
+    for bit, k in ((1, "x"), (2, "1"), (4, "."), (8, "\t")):
+        if cls & bit:
+            out |= _TAIL_CLASS_PROBES[k]
+    return out
+
+
 def _utf8_split(b: bytes) -> tuple[int, int]:
     """(number of leading continuation bytes, number of trailing bytes of an unfinished character)."""
     lead = 0
@@ -217,7 +273,7 @@ class CanonicalTokenizer:
         from .tokenizer_cache import cached_region_verdicts
 
         reps = sorted({outside_contractions(r) for r, tl in zip(self.sig_rep, self.sig_tail) if not tl} | {""})
-        parts = (self.spec.split_pattern or "", str(self.fold_case), *self.sig_rep, bytes(self.sig_tail).hex(), *reps)
+        parts = (self.spec.split_pattern or "", str(self.fold_case), *self.sig_rep, ",".join(map(str, self.sig_tail)), *reps)
 
         def build() -> dict:
             rows = np.zeros((len(reps), self.n_signatures), np.int8)
@@ -271,7 +327,9 @@ class CanonicalTokenizer:
         tail = np.zeros(V, np.int8)      # trailing bytes of an unfinished character
         sigs: dict[tuple, int] = {}
         self.sig_rep: list[str] = []
-        self.sig_tail: list[bool] = []
+        #: per signature: 0, or for a token ending inside a character, the probes that character
+        #: may stand for (:func:`tail_probes`)
+        self.sig_tail: list[int] = []
         self.raw_tokens: list[int] = []  # tokens starting with continuation bytes (judged on real bytes)
         reach = self.bpe.reach
         for t in range(V):
@@ -289,7 +347,10 @@ class CanonicalTokenizer:
                 text = body.decode("utf-8")
             except UnicodeDecodeError:
                 continue   # invalid UTF-8 inside: no text the grammar accepts contains it
-            key = (rep_of(text, self.fold_case), bool(tl))
+            tp = tail_probes(b[len(b) - tl:]) if tl else 0
+            if tl and not tp:
+                continue   # an unfinished character that no byte completes: likewise
+            key = (rep_of(text, self.fold_case), tp)
             s = sigs.get(key)
             if s is None:
                 s = sigs[key] = len(self.sig_rep)
@@ -325,7 +386,7 @@ class CanonicalTokenizer:
             plen[i] = len(f)
         assert PROBES[0] == ""   # judge_all skips probe 0 (end of text) for candidates ending mid-character
         self._prog = prog
-        self._judge_args = (cand, clen, np.array(self.sig_tail, np.bool_), probes, plen)
+        self._judge_args = (cand, clen, np.array(self.sig_tail, np.int64), probes, plen)
         # load (or, the first time on a machine, compile: seconds, then cached on disk) the kernels
         # now, not in a request's first mask; the empty region's verdicts come with it
         self.sig_verdicts(("", ()))
@@ -398,14 +459,16 @@ class CanonicalTokenizer:
         out.discard(0)
         return out
 
-    def judge(self, region: str, junctions: tuple, cand: str, cand_tail: bool, cut_inside: int = 0) -> int:
+    def judge(self, region: str, junctions: tuple, cand: str, cand_tail, cut_inside: int = 0) -> int:
         """Verdict (OK / NEED_PAIR / REJECT) for appending a token of representative ``cand`` to the
-        open region (``junctions``: (position, pair_ok) of the token junctions inside it)."""
+        open region (``junctions``: (position, pair_ok) of the token junctions inside it).
+        ``cand_tail``: the token ends inside a character, which the probes of this mask (bits over
+        :data:`PROBES`, :func:`tail_probes`; True: any) stand for; 0/False: it does not."""
         w = region + cand
         r = len(region)
         end = len(w)
         best = REJECT
-        probes = PROBES[1:] if cand_tail else PROBES
+        probes = _tail_probe_list(cand_tail) if cand_tail else PROBES
         if r and not cand_tail:
             # what no future can change: the boundaries before the start of the last pre-token
             # (under the empty future). A junction there that is no boundary can only pass the
@@ -443,7 +506,7 @@ class CanonicalTokenizer:
         w = region + cand
         hi = len(w) + (1 if cand_tail else 0)
         jpos = {p for p, _ in junctions}
-        for f in (PROBES[1:] if cand_tail else PROBES):
+        for f in (_tail_probe_list(cand_tail) if cand_tail else PROBES):
             bs = self.boundaries(w + f)
             if not self._consistent(bs, len(region), junctions):
                 continue
@@ -662,6 +725,30 @@ def canonical_tokenizer(info, **kw) -> CanonicalTokenizer:
     return ct
 
 
+class PackedDrops:
+    """Many dropped tokens as the words they fall in (``idx``) and each word's mask of what stays
+    (``keep``): a memo hit applies them with one indexed AND, not a scalar update per token."""
+
+    __slots__ = ("idx", "keep", "n")
+
+    def __init__(self, drops):
+        t = np.asarray(drops, np.int64)
+        idx, inv = np.unique(t >> 5, return_inverse=True)
+        gone = np.zeros(len(idx), np.uint32)
+        np.bitwise_or.at(gone, inv, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
+        self.idx, self.keep, self.n = idx, ~gone, len(t)
+
+    def __len__(self):
+        return self.n
+
+    def tokens(self) -> list:
+        """The dropped token ids."""
+        out = []
+        for w, k in zip(self.idx.tolist(), (~self.keep).tolist()):
+            out += [w * 32 + b for b in range(32) if (k >> b) & 1]
+        return out
+
+
 class LookaheadMemo:
     """What :meth:`CanonicalState.prune_dead_ends` dropped, per grammar state
     (:meth:`.GrammarMatcher.state_key`) and canonical state (region key, last token, pending
@@ -695,6 +782,8 @@ class LookaheadMemo:
 
     def put(self, key, drops: tuple) -> None:
         size = self.entry_bytes + len(key[0][0]) + 36 * len(drops)
+        if len(drops) > 4:
+            drops = PackedDrops(drops)
         with self._lock:
             if self.nbytes + size > self.max_bytes:
                 self.entries.clear()
@@ -872,7 +961,10 @@ class CanonicalState:
                 return False
             # the pending character belongs to the previous token: the junction is inside it
             cand = rep_of(text, ct.fold_case)
-            v = ct.judge_inside(region, junc, cand, bool(tl))
+            tp = tail_probes(whole[len(whole) - tl:]) if tl else 0
+            if tl and not tp:
+                return False
+            v = ct.judge_inside(region, junc, cand, tp)
         else:
             s = ct._sig_a[t]
             if s < 0:
@@ -972,8 +1064,11 @@ class CanonicalState:
                 key = (sk, self._region(), self.last, self.pending)
                 drops = memo.get(key)
                 if drops is not None:
-                    for t in drops:
-                        words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    if type(drops) is tuple:
+                        for t in drops:
+                            words[t >> 5] &= ~np.uint32(1 << (t & 31))
+                    else:       # many (whitespace after the narrow lookahead): per word at once
+                        words[drops.idx] &= drops.keep
                     return
                 self._dropped = []
         try:

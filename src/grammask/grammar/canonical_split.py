@@ -562,7 +562,8 @@ def judge_all(region, jbits, bad, sigs, cand, cand_len, cand_tail, probes, probe
                     lit_hi, lit_masks, start, choice, reach, res)
         c_pos, c_bits = res[0], res[1]
         tail = cand_tail[sg]
-        f0 = 1 if tail else 0             # cand_tail: no end-of-text probe
+        f0 = 1 if tail else 0             # cand_tail: no end-of-text probe (its bits: the probes the
+        #                                   unfinished last character may stand for)
         verdict = REJECT
         if r > 0 and not tail:
             below_end = b0 & ((one << end) - 1)
@@ -591,6 +592,8 @@ def judge_all(region, jbits, bad, sigs, cand, cand_len, cand_tail, probes, probe
         hi = end + (1 if tail else 0)
         inside_hi = ((one << hi) - 1) & ~((one << (r + 1)) - 1)
         for f in range(f0, n_probes):
+            if tail and not (tail >> f) & one:
+                continue
             bs = _probe_bits(buf, end, probes, probe_len, f, b0, c_pos, c_bits, alt_lo, alt_hi, first, kind, mask, mn,
                              mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks, start, choice, reach, res)
             if not _consistent(bs, below_r, jbits, bad):
