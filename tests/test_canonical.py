@@ -1582,3 +1582,19 @@ def test_a_token_ending_inside_a_character_is_judged_on_what_it_completes_to():
                 written += 1
                 assert t in allowed, (ctx, tb[t])
     assert written > 30
+
+
+def test_a_real_replacement_character_keeps_its_three_bytes():
+    """U+FFFD in the text is a character of three bytes like any other (it once counted as one
+    byte, the stand-in for an undecodable one: every junction after it was misplaced and the mask
+    emptied, blocking valid documents): the canonical tokenization of texts holding it is in the
+    mask at every step (Llama-3)."""
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    g = GrammarCompiler(info).compile_regex(r"[\s\S]*")
+    V = info.vocab_size
+    for text in ["QP\ufffds\u00b9 and more", "\ufffd\ufffd x y", "é\ufffdb c d", "a\ufffd 12 \ufffd\n\ufffdz"]:
+        m = GrammarMatcher(g, canonical=ct)
+        for t in encode(text):
+            assert t in set(_allowed(m, V).tolist()), (text, info.token_bytes[t])
+            assert m.accept_token(t)

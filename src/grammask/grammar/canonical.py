@@ -833,12 +833,14 @@ class CanonicalState:
             if self.pending:
                 text = text[: len(text) - len(self.pending)]
             ascii_ = text.isascii()     # the common case: a character per byte
-            s = text.decode("ascii") if ascii_ else text.decode("utf-8", "replace")
+            # a byte that is no character (none in a text the grammar accepts) is one lone
+            # surrogate; a real U+FFFD in the text keeps its three bytes
+            s = text.decode("ascii") if ascii_ else text.decode("utf-8", "surrogateescape")
             starts, off = [], 0
             if not ascii_:
                 for c in s:
                     starts.append(off)
-                    off += len(c.encode("utf-8")) if c != "\ufffd" else 1
+                    off += 1 if "\udc80" <= c <= "\udcff" else len(c.encode("utf-8"))
             n_s = len(s)
             # junctions inside a letter run or a punctuation run (no apostrophe around) that pass
             # the pair test constrain nothing (no pre-token boundary can fall there): merged away,
