@@ -1212,16 +1212,30 @@ def test_probe_verdicts_in_the_kernel_match_those_in_python(monkeypatch):
     ct = canonical_tokenizer(info)
     comp = GrammarCompiler(info)
     compiled = comp.compile_json_schema(_WS_SCHEMA)
-    for prefix in ["{", "{ ", '{"a":', '{"a": "x",', '{"a":"x","b":true']:
+    digits = comp.compile_regex(r"[0-9]{2,5}(-[0-9]{3}|[a-z])")
+    # (whitespace read already: the next whitespace token leaves the parser as it was, and tokens
+    # of one lexer state after them but other followers, `` `` and ``\t``, get other verdicts)
+    cases = [(compiled, p) for p in ["{", "{ ", '{"a":', '{"a": ', '{"a":\t ', '{"a": "x",', '{"a": "x", ',
+                                     '{"a":"x","b":true', '{"a":"x","b":true \n']]
+    cases += [(digits, p) for p in ["", "1", "12", "123", "1234", "12-"]]
+    dropped = 0
+    for g, prefix in cases:
         masks = []
         for fresh in (True, False):
             if fresh:
                 ct._first_tables.clear()
-            m = GrammarMatcher(compiled, canonical=ct)
+            m = GrammarMatcher(g, canonical=ct)
+            m._canon.memoise = False
             for t in encode(prefix):
                 assert m.accept_token(t)
             masks.append(_allowed(m, info.vocab_size))
         assert np.array_equal(masks[0], masks[1]), prefix
+        m = GrammarMatcher(g, canonical=ct)
+        m._canon.lookahead = False
+        for t in encode(prefix):
+            assert m.accept_token(t)
+        dropped += len(set(_allowed(m, info.vocab_size).tolist()) - set(masks[1].tolist()))
+    assert dropped > 100
 
 
 def test_canonical_fallback_gives_the_plain_mask_at_a_dead_end():
@@ -1598,3 +1612,44 @@ def test_a_real_replacement_character_keeps_its_three_bytes():
         for t in encode(text):
             assert t in set(_allowed(m, V).tolist()), (text, info.token_bytes[t])
             assert m.accept_token(t)
+
+
+def test_digits_that_must_end_a_run_are_dropped_where_more_digits_are_wanted(monkeypatch):
+    """Llama-3 groups digits by three, so ``2`` and ``20`` end a run of digits (``202`` is one
+    piece): where a pattern wants four digits they are dead ends. The mask of a digit-only position
+    leaves them out (the oracle never starts a valid text with them), keeps the three-digit
+    tokens, and takes the canonical tokenization of valid texts step by step; with the digit
+    lookahead off they are in the mask (it is what drops them)."""
+    from grammask.grammar.canonical import CanonicalState
+
+    info, tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    assert ct.n_digit_ends == 110
+    tb, V = info.token_bytes, info.vocab_size
+    comp = GrammarCompiler(info)
+    year = comp.compile_regex(r"[0-9]{4}-[0-9]{2}")
+    date = comp.compile_json_schema({"type": "string", "format": "date"})
+    short = {t for t in range(V) if tb[t].isdigit() and tb[t].isascii() and len(tb[t]) < 3}
+    texts = [f"{a:02d}{b:02d}-{c:02d}" for a in range(100) for b in range(0, 100, 7) for c in (1, 12)]
+    firsts = {e.ids[0] for e in tok.encode_batch(texts, add_special_tokens=False)}
+    assert not firsts & short and len(firsts) > 100
+    m = GrammarMatcher(year, canonical=ct)
+    a = set(_allowed(m, V).tolist())
+    assert not a & short and firsts <= a
+    # in a JSON string under format "date", after the quote
+    m = GrammarMatcher(date, canonical=ct)
+    assert m.accept_token(encode('"')[0])
+    assert not set(_allowed(m, V).tolist()) & short
+    # where fewer digits may do, a short one stays: ``20`` before ``-`` (what may follow it, read
+    # per token and state, has ``-``)
+    some = comp.compile_regex(r"[0-9]{2,4}-[a-z]")
+    for g, text in ((year, "2024-01"), (year, "0999-12"), (date, '"2024-02-29"'), (date, '"1999-12-31"'),
+                    (some, "20-x"), (some, "7777-b")):
+        m = GrammarMatcher(g, canonical=ct)
+        for t in encode(text):
+            assert t in set(_allowed(m, V).tolist()), (text, tb[t])
+            assert m.accept_token(t)
+        assert m.can_terminate()
+    monkeypatch.setattr(CanonicalState, "digit_lookahead", False)
+    m = GrammarMatcher(year, canonical=ct)
+    assert set(_allowed(m, V).tolist()) & short

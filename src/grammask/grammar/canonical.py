@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
-from .canonical_split import and_allowed
+from .canonical_split import and_allowed, any_outside
 from .canonical_split import ids_of_words as _ids_of_words
 from .canonical_split import one_first_byte
 from .canonical_split import verdict_words as _verdict_words
@@ -52,6 +52,7 @@ CERTAIN = 2
 # called on every canonical mask: through the entry point of their one signature (no type matching)
 _and_allowed = FastCall(and_allowed)
 _one_first_byte = FastCall(one_first_byte)
+_any_outside = FastCall(any_outside)
 _CONTRACTION = frozenset("strevmld")
 _NO_CONTRACTION = str.maketrans({c: "x" for c in _CONTRACTION})
 _PROBE_CHARS = ["x", ".", " ", "\n", "1", "s", "'", "\t", "\r"]
@@ -261,9 +262,52 @@ class CanonicalTokenizer:
             t0 = time.perf_counter()
             self._base_regions()
             self.base_region_seconds = time.perf_counter() - t0
+        self._build_digit_probes()
 
     #: judge the regions of one token each (:meth:`_base_regions`) when the tokenizer side is built
     precompute_regions = True
+
+    def _build_digit_probes(self) -> None:
+        """The tokens of digits that must end a run of digits: after them, right after a pre-token
+        boundary, no token starting with a digit is canonical (Llama-3 groups digits by three, so
+        ``20`` may be followed by no digit: ``202`` is one piece). Where the grammar then wants a
+        digit (a year under ``\\d{4}``) they are dead ends: :meth:`CanonicalState.prune_dead_ends`
+        reads what the grammar allows after them (as the narrow whitespace, with which they share
+        :attr:`narrow_index`). The tokens of digits shorter than the longest are tried (Llama-3:
+        110, ~50 ms; none in Qwen's and SmolLM2's, which write each digit alone)."""
+        tb = self.info.token_bytes
+        reach = np.flatnonzero(self.bpe.reach[: self.vocab_size]).tolist()
+        digs = [t for t in reach if tb[t] and tb[t].isascii() and tb[t].isdigit()]
+        longest = max((len(tb[t]) for t in digs), default=0)
+        st = CanonicalState(self)
+        ends = []
+        for t in digs:
+            if len(tb[t]) < longest:
+                st.reset()
+                first, _end = st._first_after(t)
+                if not first[0x30 >> 5] & np.uint32(0x3FF << (0x30 & 31)):
+                    ends.append(t)
+        d = np.array(ends, np.int64)
+        self.digit_end_words = np.zeros(self.n_words, np.uint32)
+        np.bitwise_or.at(self.digit_end_words, d >> 5, np.left_shift(np.uint32(1), (d & 31).astype(np.uint32)))
+        #: every token of ASCII digits alone (a mask of these only: a number or a pattern of digits)
+        a = np.array(digs, np.int64)
+        self.digit_words = np.zeros(self.n_words, np.uint32)
+        np.bitwise_or.at(self.digit_words, a >> 5, np.left_shift(np.uint32(1), (a & 31).astype(np.uint32)))
+        _any_outside(self.digit_words, self.digit_words)
+        self.narrow_index[d] = self.n_narrow + np.arange(len(d))
+        self.n_narrow += len(d)
+        self.n_digit_ends = len(d)
+        #: the word and bits of the single digits (and of ``a``): the digit lookahead runs where a
+        #: digit may come and nothing but digits may (a pattern of so many digits)
+        ones = [self.token_of_bytes.get(bytes([c])) for c in b"0123456789"]
+        ones = [t for t in ones if t is not None]
+        self._digit_probe = None
+        if ends and ones and len({t >> 5 for t in ones}) == 1:
+            # (and of a letter's token, which a free string's mask holds: no scan there)
+            a = self.token_of_bytes.get(b"a")
+            self._digit_probe = (ones[0] >> 5, sum(1 << (t & 31) for t in ones),
+                                 0 if a is None else a >> 5, 0 if a is None else 1 << (a & 31))
 
     def _base_regions(self) -> None:
         """The verdicts of every region made of one token's representative, no junction: what the
@@ -782,8 +826,6 @@ class LookaheadMemo:
 
     def put(self, key, drops: tuple) -> None:
         size = self.entry_bytes + len(key[0][0]) + 36 * len(drops)
-        if len(drops) > 4:
-            drops = PackedDrops(drops)
         with self._lock:
             if self.nbytes + size > self.max_bytes:
                 self.entries.clear()
@@ -1044,6 +1086,14 @@ class CanonicalState:
             narrow = words & self.ct.narrow_words
             if not narrow.any():
                 narrow = None
+        dp = self.ct._digit_probe
+        if dp is not None and self.digit_lookahead and words.item(dp[0]) & dp[1] and \
+                not words.item(dp[2]) & dp[3] and not _any_outside(words, self.ct.digit_words):
+            # digits alone may come: the digits that must end a run, where the grammar may want
+            # more digits (narrow candidates of their own)
+            d = words & self.ct.digit_end_words
+            if d.any():
+                narrow = d if narrow is None else narrow | d
         # wide: only the narrow candidates are read (if any)
         wide = nz > 512 and nz > self.forced_after_words
         if wide:
@@ -1066,10 +1116,14 @@ class CanonicalState:
                 key = (sk, self._region(), self.last, self.pending)
                 drops = memo.get(key)
                 if drops is not None:
+                    if type(drops) is tuple and len(drops) > 4:
+                        # many (whitespace after the narrow lookahead): packed per word at the
+                        # first hit (a miss that is never met again pays nothing for it)
+                        drops = memo.entries[key] = PackedDrops(drops)
                     if type(drops) is tuple:
                         for t in drops:
                             words[t >> 5] &= ~np.uint32(1 << (t & 31))
-                    else:       # many (whitespace after the narrow lookahead): per word at once
+                    else:
                         words[drops.idx] &= drops.keep
                     return
                 self._dropped = []
@@ -1092,6 +1146,20 @@ class CanonicalState:
         if self._dropped is not None:
             self._dropped.append(t)
 
+    def _drop_many(self, words: np.ndarray, ts: list) -> None:
+        """:meth:`_drop` of each token of ``ts`` (many at once: one indexed AND per word)."""
+        if len(ts) <= 4:
+            for t in ts:
+                self._drop(words, t)
+            return
+        gone: dict = {}
+        for t in ts:
+            gone[t >> 5] = gone.get(t >> 5, 0) | (1 << (t & 31))
+        idx = np.fromiter(gone.keys(), np.int64, len(gone))
+        words[idx] &= ~np.fromiter(gone.values(), np.uint32, len(gone))
+        if self._dropped is not None:
+            self._dropped.extend(ts)
+
     def _memo_of(self, matcher) -> "LookaheadMemo":
         """The :class:`LookaheadMemo` of ``matcher``'s lexer generation for these settings."""
         lexer = matcher._lexer
@@ -1099,7 +1167,7 @@ class CanonicalState:
         if memos is None:
             memos = lexer.__dict__.setdefault("canonical_memos", {})
         cfg = (self.ct, self.lookahead_limit, self.lookahead_depth, self.lookahead_budget, self.forced_after_words,
-               self.forced_after_bytes, self.narrow_lookahead, matcher._stop_set,
+               self.forced_after_bytes, self.narrow_lookahead, self.digit_lookahead, matcher._stop_set,
                matcher.terminate_without_stop_token)
         m = memos.get(cfg)
         if m is None:
@@ -1190,6 +1258,10 @@ class CanonicalState:
     #: MaskBench (each new region reads ~170 such tokens, each a region of its own to judge), so
     #: it is off until that is cheap (docs/fast-forward.md)
     narrow_lookahead = False
+    #: the same one-step lookahead after the digits that must end a run of digits
+    #: (:meth:`CanonicalTokenizer._build_digit_probes`) where the mask holds digits alone:
+    #: ``20`` where a pattern wants four digits
+    digit_lookahead = True
     #: :meth:`_prune_forced_after` runs on masks of at most this many non-zero words (a JSON
     #: value's first token, ~1,400 tokens, is a mask of ~1,000 words; docs/fast-forward.md)
     forced_after_words = 16
@@ -1234,9 +1306,7 @@ class CanonicalState:
                     first, end = self._first_table(hit[probes], here)
                     live = (first & nxt[probes]).any(axis=1) | (end & (flen[probes] == -2))
                     drop += hit[probes[~live]].tolist()
-            for t in drop:
-                if t not in checked:
-                    self._drop(words, t)
+            self._drop_many(words, [t for t in drop if t not in checked])
             width = fbuf.shape[1]
             todo = []
             for i, n in enumerate(fl):

@@ -627,3 +627,13 @@ def ids_of_words(words, limit, out):
                 out[n] = base + b
                 n += 1
     return n
+
+
+@njit(nogil=True, cache=True)
+def any_outside(words, inside):
+    """Whether ``words`` sets a bit that ``inside`` does not (a mask holding only digits:
+    ``CanonicalState.prune_dead_ends``); stops at the first."""
+    for i in range(words.shape[0]):
+        if words[i] & ~inside[i]:
+            return True
+    return False
