@@ -281,12 +281,20 @@ class CanonicalTokenizer:
         longest = max((len(tb[t]) for t in digs), default=0)
         st = CanonicalState(self)
         ends = []
-        for t in digs:
-            if len(tb[t]) < longest:
-                st.reset()
-                first, _end = st._first_after(t)
-                if not first[0x30 >> 5] & np.uint32(0x3FF << (0x30 & 31)):
-                    ends.append(t)
+        # shortest first, up to a length none of whose tokens must end a run (GPT-2's pattern
+        # takes any run whole: its single digits may be followed by digits, and its many longer
+        # digit tokens are not tried)
+        for n in range(1, longest):
+            found = False
+            for t in digs:
+                if len(tb[t]) == n:
+                    st.reset()
+                    first, _end = st._first_after(t)
+                    if not first[0x30 >> 5] & np.uint32(0x3FF << (0x30 & 31)):
+                        ends.append(t)
+                        found = True
+            if not found:
+                break
         d = np.array(ends, np.int64)
         self.digit_end_words = np.zeros(self.n_words, np.uint32)
         np.bitwise_or.at(self.digit_end_words, d >> 5, np.left_shift(np.uint32(1), (d & 31).astype(np.uint32)))
