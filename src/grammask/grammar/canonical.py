@@ -134,6 +134,15 @@ _TAIL_CLASS_PROBES = {k: sum(1 << i for i, f in enumerate(PROBES) if f and f[0] 
 ALL_TAIL = sum(_TAIL_CLASS_PROBES.values())
 
 
+def _words_of(ids, n_words: int) -> np.ndarray:
+    """The uint32 bitset (``n_words`` words) of the token ids ``ids``."""
+    ids = np.asarray(ids, np.int64)
+    w = np.zeros(n_words, np.uint32)
+    np.bitwise_or.at(w, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+    return w
+
+
+@functools.lru_cache(maxsize=256, typed=True)
 def _tail_probe_list(mask) -> list:
     """The probes of a tail mask (True: every probe a character may stand for)."""
     if mask is True:
@@ -296,12 +305,9 @@ class CanonicalTokenizer:
             if not found:
                 break
         d = np.array(ends, np.int64)
-        self.digit_end_words = np.zeros(self.n_words, np.uint32)
-        np.bitwise_or.at(self.digit_end_words, d >> 5, np.left_shift(np.uint32(1), (d & 31).astype(np.uint32)))
+        self.digit_end_words = _words_of(d, self.n_words)
         #: every token of ASCII digits alone (a mask of these only: a number or a pattern of digits)
-        a = np.array(digs, np.int64)
-        self.digit_words = np.zeros(self.n_words, np.uint32)
-        np.bitwise_or.at(self.digit_words, a >> 5, np.left_shift(np.uint32(1), (a & 31).astype(np.uint32)))
+        self.digit_words = _words_of(digs, self.n_words)
         _any_outside(self.digit_words, self.digit_words)     # (its kernel loaded now, not in a mask)
         self.narrow_index[d] = self.n_narrow + np.arange(len(d))
         self.n_narrow += len(d)
@@ -649,8 +655,7 @@ class CanonicalTokenizer:
         wsb = frozenset(b" \t\n\r\x0b\x0c")
         nar = np.array([t for t in reach if tb[t] and tb[t][-1] in (0x20, 0x09) and all(c in wsb for c in tb[t])],
                        np.int64)
-        self.narrow_words = np.zeros(self.n_words, np.uint32)
-        np.bitwise_or.at(self.narrow_words, nar >> 5, np.left_shift(np.uint32(1), (nar & 31).astype(np.uint32)))
+        self.narrow_words = _words_of(nar, self.n_words)
         #: token id -> its index among the narrow tokens (-1: not one)
         self.narrow_index = np.full(self.vocab_size, -1, np.int64)
         self.narrow_index[nar] = np.arange(len(nar))
@@ -784,11 +789,12 @@ class PackedDrops:
     __slots__ = ("idx", "keep", "n")
 
     def __init__(self, drops):
-        t = np.asarray(drops, np.int64)
-        idx, inv = np.unique(t >> 5, return_inverse=True)
-        gone = np.zeros(len(idx), np.uint32)
-        np.bitwise_or.at(gone, inv, np.left_shift(np.uint32(1), (t & 31).astype(np.uint32)))
-        self.idx, self.keep, self.n = idx, ~gone, len(t)
+        gone: dict = {}
+        for t in drops:
+            gone[t >> 5] = gone.get(t >> 5, 0) | (1 << (t & 31))
+        self.idx = np.fromiter(gone.keys(), np.int64, len(gone))
+        self.keep = ~np.fromiter(gone.values(), np.uint32, len(gone))
+        self.n = len(drops)
 
     def __len__(self):
         return self.n
@@ -1153,11 +1159,8 @@ class CanonicalState:
             for t in ts:
                 self._drop(words, t)
             return
-        gone: dict = {}
-        for t in ts:
-            gone[t >> 5] = gone.get(t >> 5, 0) | (1 << (t & 31))
-        idx = np.fromiter(gone.keys(), np.int64, len(gone))
-        words[idx] &= ~np.fromiter(gone.values(), np.uint32, len(gone))
+        p = PackedDrops(ts)
+        words[p.idx] &= p.keep
         if self._dropped is not None:
             self._dropped.extend(ts)
 

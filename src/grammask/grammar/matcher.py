@@ -173,10 +173,11 @@ class GrammarMatcher:
         """A hashable key of this matcher's state, whatever its history, or None: two matchers of
         this grammar (in one lexer generation) with equal keys give the same masks and accept the
         same tokens from here on. It is the parse's reachable rows (:func:`~.earley.stack_key`:
-        the same place in each element of an array after the first has one key), the lexer state (its id is the generation's: a key is only
-        compared with keys of that generation, as :class:`.canonical.LookaheadMemo` does) and
-        whether anything was read at all (``can_end`` asks only that of the position). None when
-        the reachable rows hold more than :data:`STATE_KEY_MAX_LEN` numbers."""
+        the same place in each element of an array after the first has one key), the lexer state
+        (its id is the generation's: a key is only compared with keys of that generation, as
+        :class:`.canonical.LookaheadMemo` does) and whether anything was read at all (``can_end``
+        asks only that of the position). None when the reachable rows hold more than
+        :data:`STATE_KEY_MAX_LEN` numbers."""
         buf = self.__dict__.get("_sk_buf")
         if buf is None:
             buf = self._sk_buf = np.empty(1024, np.int32)
