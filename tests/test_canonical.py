@@ -1653,3 +1653,122 @@ def test_digits_that_must_end_a_run_are_dropped_where_more_digits_are_wanted(mon
     monkeypatch.setattr(CanonicalState, "digit_lookahead", False)
     m = GrammarMatcher(year, canonical=ct)
     assert set(_allowed(m, V).tolist()) & short
+
+
+@pytest.mark.parametrize("name", list(SPLIT_PATTERNS))
+def test_bigrams_hold_every_pair_a_pre_token_holds(name):
+    """``canonical_split.bigrams``: every two characters that some pre-token holds side by side
+    (no boundary between them, on every string of ``SIGMA`` up to length 4) are a pair it
+    names; and the pairs it leaves out are real (Llama-3 and GPT-2 never join a letter, a digit, a
+    sign or an apostrophe to a space or a tab after it; every pattern joins two letters)."""
+    import itertools
+
+    from grammask.grammar import canonical_split as cs
+
+    prog = cs.compile_split(SPLIT_PATTERNS[name])
+    pair = cs.bigrams(prog)
+    code = {c: i for i, c in enumerate(cs.SIGMA)}
+    seen = np.zeros_like(pair)
+    for n in range(2, 5):
+        for tup in itertools.product(cs.SIGMA, repeat=n):
+            bits = cs.boundaries_bits(prog, "".join(tup))
+            for i in range(n - 1):
+                if not (bits >> (i + 1)) & 1:
+                    seen[code[tup[i]], code[tup[i + 1]]] = True
+    assert not (seen & ~pair).any(), [(cs.SIGMA[a], cs.SIGMA[b]) for a, b in zip(*np.nonzero(seen & ~pair))]
+    for a in "xs1.'":
+        for b in " \t":
+            assert not pair[code[a], code[b]], (a, b)
+    assert pair[code["x"], code["x"]] and pair[code[" "], code["x"]]
+
+
+def test_fresh_rows_are_the_rows_after_the_region():
+    """A narrow token that starts at a boundary no future moves (``fresh_after``: after a region
+    ending in a letter, a digit or a sign, whitespace starting with a space or a tab; after a
+    letter or a space, a digit) has after it the row it has after the empty region, whatever
+    the region: the row :meth:`_first_after` finds by pushing it onto the real state. Where the
+    pair is not such a boundary the rows differ for some tokens (whitespace after whitespace,
+    a digit after a digit): a ``fresh_after`` that ignored the pairs fails."""
+    from grammask.grammar.canonical import _SIGMA_CODE, CanonicalState
+
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    first, end, known = ct.fresh
+    toks = np.full(ct.n_narrow, -1, np.int64)
+    ids = np.flatnonzero(ct.narrow_index >= 0)
+    toks[ct.narrow_index[ids]] = ids
+    assert known.all()
+    texts = ['{"a":', '{"a": "x",', "abc", "12", "x.", "'", "it's", " ", "\t\t", "\n", "a \n", "é", "12-",
+             '{"a": 1', "[1, 2", "x '", "日本"]
+    same = differ = 0
+    for text in texts:
+        st = CanonicalState(ct)
+        for t in encode(text):
+            st.push(t)
+        region = st._region()[0]
+        if st.pending:
+            continue
+        elig = ct.fresh_after[_SIGMA_CODE[region[-1]]] if region else known
+        for k in range(ct.n_narrow):
+            f, e = st._first_after(int(toks[k]))
+            equal = bool(np.array_equal(f, first[k]) and e == end[k])
+            if elig[k]:
+                assert equal, (text, info.token_bytes[toks[k]])
+                same += 1
+            else:
+                differ += not equal
+    assert same > 2000 and differ > 100, (same, differ)
+
+
+def test_narrow_candidates_the_mask_witnesses_keep_the_masks(monkeypatch):
+    """``narrow_witnessed`` keeps a narrow candidate when the mask itself allows its bytes
+    followed by a byte its row names (and by another byte: nothing forced after it), without
+    asking the grammar; the masks are those of the lookahead that asks the grammar about every
+    candidate, and hundreds of candidates are witnessed so (fails if the witness kept a candidate the
+    grammar would drop: a mutation reading the row's complement is caught)."""
+    import grammask.grammar.canonical as C
+    from grammask.grammar.canonical import CanonicalState
+
+    monkeypatch.setattr(CanonicalState, "narrow_lookahead", True)
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    comp = GrammarCompiler(info)
+    grammars = [comp.compile_json_schema(_WS_SCHEMA),
+                comp.compile_json_schema({"type": "object", "properties": {"n": {"type": "integer"}},
+                                          "required": ["n"]}),
+                comp.compile_regex(r"[0-9]{2,5}(-[0-9]{3}|[a-z])"),
+                comp.compile_regex(r"x {0,3}[a-z]|y {0,2}7")]
+    prefixes = [["{", "{ ", '{"a":', '{"a": ', '{"a":\t', '{"a": "x",', '{"a": "x", ', '{"a":"x","b":true'],
+                ["{", '{"n":', '{"n": ', '{"n":  ', '{"n":\t\t'], ["", "1", "12", "123"], ["x", "x ", "y", "y "]]
+    real = C._narrow_witnessed
+    counts = {"kept": 0, "asked": 0}
+
+    def counting(words, cand, *a):
+        before = int(sum(bin(int(w)).count("1") for w in cand))
+        left = real(words, cand, *a)
+        counts["kept"] += before - left
+        counts["asked"] += left
+        return left
+
+    def none(words, cand, *a):
+        return int(sum(bin(int(w)).count("1") for w in cand))
+
+    def wrong(words, cand, index, first, known, ext_bits, ext_tok):
+        return real(words, cand, index, ~first, known, ext_bits, ext_tok)
+
+    def masks(fn):
+        monkeypatch.setattr(C, "_narrow_witnessed", fn)
+        out = []
+        for g, ps in zip(grammars, prefixes):
+            for p in ps:
+                m = GrammarMatcher(g, canonical=ct)
+                m._canon.memoise = False
+                for t in encode(p):
+                    assert m.accept_token(t), p
+                out.append(_allowed(m, info.vocab_size))
+        return out
+
+    with_w, without = masks(counting), masks(none)
+    assert all(np.array_equal(a, b) for a, b in zip(with_w, without))
+    assert counts["kept"] > 200, counts
+    assert any(not np.array_equal(a, b) for a, b in zip(masks(wrong), without))

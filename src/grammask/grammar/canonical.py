@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
-from .canonical_split import and_allowed, any_outside
+from .canonical_split import SIGMA, and_allowed, any_outside, narrow_witnessed
 from .canonical_split import ids_of_words as _ids_of_words
 from .canonical_split import one_first_byte
 from .canonical_split import verdict_words as _verdict_words
@@ -53,7 +53,10 @@ CERTAIN = 2
 _and_allowed = FastCall(and_allowed)
 _one_first_byte = FastCall(one_first_byte)
 _any_outside = FastCall(any_outside)
+_narrow_witnessed = FastCall(narrow_witnessed)
 _CONTRACTION = frozenset("strevmld")
+#: a representative's character -> its code in the split program's alphabet
+_SIGMA_CODE = {c: i for i, c in enumerate(SIGMA)}
 _NO_CONTRACTION = str.maketrans({c: "x" for c in _CONTRACTION})
 _PROBE_CHARS = ["x", ".", " ", "\n", "1", "s", "'", "\t", "\r"]
 # the future matters through its next character and, after whitespace, through how the run goes on
@@ -272,6 +275,7 @@ class CanonicalTokenizer:
             self._base_regions()
             self.base_region_seconds = time.perf_counter() - t0
         self._build_digit_probes()
+        self._build_fresh_rows()
 
     #: judge the regions of one token each (:meth:`_base_regions`) when the tokenizer side is built
     precompute_regions = True
@@ -322,6 +326,60 @@ class CanonicalTokenizer:
             a = self.token_of_bytes.get(b"a")
             self._digit_probe = (ones[0] >> 5, sum(1 << (t & 31) for t in ones),
                                  0 if a is None else a >> 5, 0 if a is None else 1 << (a & 31))
+
+    def _build_fresh_rows(self) -> None:
+        """What may follow each narrow token right after a certain pre-token boundary, and where
+        that is the state after it: the one-step lookahead's rows (:meth:`CanonicalState._first_table`)
+        without pushing the token onto each new region.
+
+        The split program's :func:`~.canonical_split.bigrams` tell which characters no pre-token
+        holds side by side (Llama-3: anything but whitespace, then a space or a tab). A narrow token
+        starting with ``b`` after a region whose last character ``a`` is such a pair starts at a
+        boundary that no future moves, so the region is cut there (:meth:`CanonicalState._settle`)
+        and the state after the token is that token alone: its row is the one after it from the
+        empty region (``fresh``), whatever the region was. ``fresh_after[a]``: the narrow tokens for
+        which that holds after a region ending in the character of code ``a`` (None without a
+        compiled program: every row is then computed per region). ``ext_bits``/``ext_tok``: per
+        narrow token, the bytes ``b`` such that its bytes and ``b`` are a token, and that token
+        (:func:`~.canonical_split.narrow_witnessed`). Llama-3: 332 rows, ~0.2 s."""
+        from . import canonical_split as cs
+
+        n = max(self.n_narrow, 1)
+        first, end, known = np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool)
+        self.fresh = (first, end, known)
+        self.fresh_after = None
+        tb = self.info.token_bytes
+        toks = np.full(n, -1, np.int64)
+        ids = np.flatnonzero(self.narrow_index >= 0)
+        toks[self.narrow_index[ids]] = ids
+        ext_bits = np.zeros((n, 8), np.uint32)
+        ext_tok = np.zeros((n, 256), np.int64)
+        for k, t in enumerate(toks.tolist()):
+            if t < 0:
+                continue
+            for c in range(256):
+                u = self.token_of_bytes.get(tb[t] + bytes([c]))
+                if u is not None:
+                    ext_bits[k, c >> 5] |= np.uint32(1 << (c & 31))
+                    ext_tok[k, c] = u
+        self.ext_bits, self.ext_tok = ext_bits, ext_tok
+        if self._prog is None or not self.n_narrow:
+            return
+        pair = cs.bigrams(self._prog)
+        code = np.full(n, -1, np.int64)
+        st = CanonicalState(self)
+        for k, t in enumerate(toks.tolist()):
+            rep = rep_of(tb[t].decode("latin-1"), self.fold_case) if t >= 0 else ""
+            if not rep or rep[0] not in cs.SIGMA:
+                continue
+            code[k] = cs.SIGMA.index(rep[0])
+            st.reset()
+            first[k], end[k] = st._first_after(t)
+            known[k] = True
+        self.fresh_after = [known & (code >= 0) & ~pair[a][np.maximum(code, 0)] for a in range(len(cs.SIGMA))]
+        # (its kernel loaded now, not in a mask)
+        _narrow_witnessed(np.zeros(self.n_words, np.uint32), np.zeros(self.n_words, np.uint32), self.narrow_index,
+                          first, known, ext_bits, ext_tok)
 
     def _base_regions(self) -> None:
         """The verdicts of every region made of one token's representative, no junction: what the
@@ -1287,11 +1345,21 @@ class CanonicalState:
         ending in a space), a one-step lookahead: dropped when no token canonical after them
         starts with a byte the grammar allows there (and the text may not end there). A mask
         wider than ``forced_after_words`` words has only these read."""
-        sel = words if narrow is None or np.count_nonzero(words) <= self.forced_after_words else narrow
+        small = narrow is None or np.count_nonzero(words) <= self.forced_after_words
         here = (self._region(), self.last, self.pending)
         known = None
         if narrow is not None:
-            known = (self.ct.narrow_index, *self._first_table(None, here))
+            ct = self.ct
+            tab = self._first_table(None, here)
+            # the narrow candidates whose verdict the mask itself shows (most of them) are not
+            # read again: neither the grammar's next bytes nor forced text after them
+            if _narrow_witnessed(words, narrow, ct.narrow_index, tab[0], tab[2], ct.ext_bits, ct.ext_tok):
+                known = (ct.narrow_index, *tab)
+            elif small:
+                narrow = None
+            else:
+                return
+        sel = words if small else narrow
         hit, flen, fbuf, nxt = matcher.forced_after_words(sel, self.forced_after_bytes, probe=narrow, known=known)
         if len(hit) == 0:
             return
@@ -1360,7 +1428,19 @@ class CanonicalState:
             n = max(ct.n_narrow, 1)
             if len(ct._first_tables) > 10_000:
                 ct._first_tables.clear()
-            tab = ct._first_tables[here] = (np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool))
+            tab = (np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool))
+            (region, _junc), _last, pending = here
+            if ct.fresh_after is not None and not pending:
+                # the narrow tokens that start at a boundary no future moves after this region:
+                # the state after them is theirs alone (CanonicalTokenizer._build_fresh_rows)
+                a = _SIGMA_CODE.get(region[-1]) if region else -1
+                sel = ct.fresh[2] if a == -1 else None if a is None else ct.fresh_after[a]
+                if sel is not None:
+                    f, e, _k = ct.fresh
+                    tab[0][sel] = f[sel]
+                    tab[1][sel] = e[sel]
+                    tab[2][sel] = True
+            ct._first_tables[here] = tab
         if toks is None:
             return tab
         first, end, known = tab

@@ -274,6 +274,43 @@ def _compile(pattern: str):
             a(lit_hi), a(lit_masks or [0]))
 
 
+def bigrams(prog) -> np.ndarray:
+    """``out[a, b]``: some match of the program holds the character of code ``a`` right before one of
+    code ``b`` (an over-approximation: a lookahead is read as matching anything). Where it is False
+    no pre-token can hold ``a`` then ``b``, so a pre-token boundary falls between them in every
+    string, whatever comes before or after (Llama-3: between any character but whitespace and a
+    space or a tab; ``CanonicalTokenizer._build_fresh_rows``)."""
+    alt_lo, alt_hi, _first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks = prog
+    n = len(SIGMA)
+
+    def bits(m: int) -> np.ndarray:
+        return np.array([(int(m) >> i) & 1 for i in range(n)], bool)
+
+    out = np.zeros((n, n), bool)
+    for a in range(len(alt_lo)):
+        last = np.zeros(n, bool)    # the characters that may come right before the next item
+        for it in range(int(alt_lo[a]), int(alt_hi[a])):
+            if kind[it] == K_NOT:
+                continue
+            if kind[it] == K_GROUP:
+                lits = [[bits(lit_masks[k]) for k in range(int(lit_lo[li]), int(lit_hi[li]))]
+                        for li in range(int(grp_lo[grp[it]]), int(grp_hi[grp[it]]))]
+                f = np.any([x[0] for x in lits], axis=0)
+                lst = np.any([x[-1] for x in lits], axis=0)
+                for x in lits:
+                    for u, v in zip(x, x[1:]):
+                        out |= np.outer(u, v)
+                nullable = False
+            else:
+                f = lst = bits(mask[it])
+                if mx[it] >= 2:
+                    out |= np.outer(f, f)
+                nullable = mn[it] == 0
+            out |= np.outer(last, f)
+            last = (last | lst) if nullable else lst
+    return out
+
+
 # ---------------------------------------------------------------------------------------------- run
 # Every function below also reports how far it looked: ``reach[0]`` is raised to one past the last
 # position whose character (or whose being the end of the string: position ``n``, counted as
@@ -637,3 +674,49 @@ def any_outside(words, inside):
         if words[i] & ~inside[i]:
             return True
     return False
+
+
+@njit(nogil=True, cache=True)
+def narrow_witnessed(words, cand, index, first, known, ext_bits, ext_tok):
+    """The one-step lookahead's easy verdicts, read from the mask itself. For each set bit ``t`` of
+    ``cand`` (narrow tokens allowed now) with a known row ``first[index[t]]`` (the bytes that may
+    start a token canonical after it): the tokens of its bytes and then one more byte ``b``
+    (``ext_tok[index[t], b]``, for the bytes ``b`` of ``ext_bits[index[t]]``) that ``words``
+    allows show the bytes the grammar allows right after ``t``. When one of them is in the row and
+    two of them differ (so no text is forced after ``t``), ``t`` is viable: its bit is cleared.
+    Returns how many bits are left (the grammar must be asked about those)."""
+    left = 0
+    for i in range(cand.shape[0]):
+        w = np.int64(cand[i])
+        if w == 0:
+            continue
+        for bit in range(32):
+            if not (w >> bit) & 1:
+                continue
+            t = np.int64(i) * 32 + bit
+            k = index[t]
+            found = False
+            n_ok = 0
+            if k >= 0 and known[k]:
+                for j in range(8):
+                    m = np.int64(ext_bits[k, j])
+                    if m == 0:
+                        continue
+                    f = np.int64(first[k, j])
+                    for bb in range(32):
+                        if not (m >> bb) & 1:
+                            continue
+                        u = ext_tok[k, j * 32 + bb]
+                        if (np.int64(words[u >> 5]) >> (u & 31)) & 1:
+                            n_ok += 1
+                            if (f >> bb) & 1:
+                                found = True
+                            if found and n_ok >= 2:
+                                break
+                    if found and n_ok >= 2:
+                        break
+            if found and n_ok >= 2:
+                cand[i] &= ~np.uint32(1 << bit)
+            else:
+                left += 1
+    return left
