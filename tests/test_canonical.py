@@ -1238,12 +1238,15 @@ def test_probe_verdicts_in_the_kernel_match_those_in_python(monkeypatch):
     assert dropped > 100
 
 
-def test_canonical_fallback_gives_the_plain_mask_at_a_dead_end():
+def test_canonical_fallback_gives_the_plain_mask_at_a_dead_end(monkeypatch):
     """``canonical_fallback=True``: at a dead end (``{``, a space, a space: only a digit may follow
     canonically and no value here starts with one) the mask is the grammar's plain one instead of
     an empty one; the token taken there is counted and read as raw text, the masks after it are
     canonical again, and the walk can finish. Without it the mask is empty; the lookahead
-    (``narrow_lookahead``) would have dropped the second space in the first place."""
+    (``narrow_lookahead``, off here) would have dropped the second space in the first place."""
+    from grammask.grammar.canonical import CanonicalState
+
+    monkeypatch.setattr(CanonicalState, "narrow_lookahead", False)
     info, _tok, encode = _llama()
     ct = canonical_tokenizer(info)
     compiled = GrammarCompiler(info).compile_json_schema(_WS_SCHEMA)
@@ -1307,7 +1310,7 @@ def _ids(words: np.ndarray, V: int) -> set:
     return set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")[:V]).tolist())
 
 
-@pytest.mark.parametrize("narrow", [False, True], ids=["default", "narrow_lookahead"])
+@pytest.mark.parametrize("narrow", [False, "joined", True], ids=["off", "default", "narrow_lookahead"])
 def test_lookahead_memo_gives_the_masks_of_the_full_lookahead(narrow, monkeypatch):
     """What prune_dead_ends drops is kept per (grammar state, canonical state): documents of one
     schema with other values meet the same states (the keys, the forced values after them), where
@@ -1753,8 +1756,8 @@ def test_narrow_candidates_the_mask_witnesses_keep_the_masks(monkeypatch):
     def none(words, cand, *a):
         return int(sum(bin(int(w)).count("1") for w in cand))
 
-    def wrong(words, cand, index, first, known, ext_bits, ext_tok):
-        return real(words, cand, index, ~first, known, ext_bits, ext_tok)
+    def wrong(words, cand, index, first, known, ext_bits, ext_tok, *rest):
+        return real(words, cand, index, ~first, known, ext_bits, ext_tok, *rest)
 
     def masks(fn):
         monkeypatch.setattr(C, "_narrow_witnessed", fn)

@@ -338,8 +338,9 @@ class CanonicalTokenizer:
         boundary that no future moves, so the region is cut there (:meth:`CanonicalState._settle`)
         and the state after the token is that token alone: its row is the one after it from the
         empty region (``fresh``), whatever the region was. ``fresh_after[a]``: the narrow tokens for
-        which that holds after a region ending in the character of code ``a`` (None without a
-        compiled program: every row is then computed per region). ``ext_bits``/``ext_tok``: per
+        which that holds after a region ending in the character of code ``a`` (``fresh_after[-1]``:
+        after the empty region, all), ``fresh_words[a]`` the same as bits over the vocabulary (None
+        without a compiled program: every row is then computed per region). ``ext_bits``/``ext_tok``: per
         narrow token, the bytes ``b`` such that its bytes and ``b`` are a token, and that token
         (:func:`~.canonical_split.narrow_witnessed`). Llama-3: 332 rows, ~0.2 s."""
         from . import canonical_split as cs
@@ -347,7 +348,13 @@ class CanonicalTokenizer:
         n = max(self.n_narrow, 1)
         first, end, known = np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool)
         self.fresh = (first, end, known)
+        #: (per narrow token, per vocabulary word) for a region none of whose rows is ``fresh``
+        self.no_fresh = (np.zeros(n, bool), np.zeros(self.n_words, np.uint32))
         self.fresh_after = None
+        self.fresh_words = None
+        #: per last character of a region (as ``fresh_after``): the whitespace among the narrow
+        #: tokens whose row after it is not ``fresh`` (they may join the region; None: none)
+        self.joined_words = None
         tb = self.info.token_bytes
         toks = np.full(n, -1, np.int64)
         ids = np.flatnonzero(self.narrow_index >= 0)
@@ -363,6 +370,9 @@ class CanonicalTokenizer:
                     ext_bits[k, c >> 5] |= np.uint32(1 << (c & 31))
                     ext_tok[k, c] = u
         self.ext_bits, self.ext_tok = ext_bits, ext_tok
+        z = np.zeros(self.n_words, np.uint32)
+        # (its kernel loaded now, not in a mask)
+        _narrow_witnessed(z, z.copy(), self.narrow_index, first, known, ext_bits, ext_tok, z, z)
         if self._prog is None or not self.n_narrow:
             return
         pair = cs.bigrams(self._prog)
@@ -377,9 +387,13 @@ class CanonicalTokenizer:
             first[k], end[k] = st._first_after(t)
             known[k] = True
         self.fresh_after = [known & (code >= 0) & ~pair[a][np.maximum(code, 0)] for a in range(len(cs.SIGMA))]
-        # (its kernel loaded now, not in a mask)
-        _narrow_witnessed(np.zeros(self.n_words, np.uint32), np.zeros(self.n_words, np.uint32), self.narrow_index,
-                          first, known, ext_bits, ext_tok)
+        self.fresh_after.append(known)      # (last: after the empty region, every one)
+        self.fresh_words = [_words_of(toks[sel], self.n_words) for sel in self.fresh_after]
+        # the whitespace among the narrow tokens (the rest: digits that must end a run)
+        ws = np.zeros(n, bool)
+        ws[: self.n_narrow - self.n_digit_ends] = True
+        self.joined_words = [None if not (ws & ~sel).any() else _words_of(toks[ws & ~sel], self.n_words)
+                             for sel in self.fresh_after]
 
     def _base_regions(self) -> None:
         """The verdicts of every region made of one token's representative, no junction: what the
@@ -1148,9 +1162,17 @@ class CanonicalState:
             nz = np.count_nonzero(words)
         narrow = None
         if self.narrow_lookahead:
-            narrow = words & self.ct.narrow_words
-            if not narrow.any():
-                narrow = None
+            nw = self.ct.narrow_words
+            if self.narrow_lookahead == "joined" and self.ct.joined_words is not None and not self.pending:
+                # only the whitespace that may join the region before it (after whitespace)
+                region = self._region()[0]
+                a = _SIGMA_CODE.get(region[-1]) if region else -1
+                if a is not None:
+                    nw = self.ct.joined_words[a]
+            if nw is not None:
+                narrow = words & nw
+                if not narrow.any():
+                    narrow = None
         dp = self.ct._digit_probe
         if dp is not None and self.digit_lookahead and words.item(dp[0]) & dp[1] and \
                 not words.item(dp[2]) & dp[3] and not _any_outside(words, self.ct.digit_words):
@@ -1316,10 +1338,13 @@ class CanonicalState:
     #: the bytes that may follow the forced text being searched (:meth:`_prune_forced_after`)
     _next_after = None
     #: the one-step lookahead after whitespace ending in a space or a tab (:meth:`_prune_forced_after`'s
-    #: ``narrow``): it removes the whitespace class of dead ends but costs ~2x the first pass on
-    #: MaskBench (each new region reads ~170 such tokens, each a region of its own to judge), so
-    #: it is off until that is cheap (docs/fast-forward.md)
-    narrow_lookahead = False
+    #: ``narrow``): ``"joined"`` (default) on the whitespace that may join the region before it
+    #: (after whitespace: what every whitespace dead end of the walks but three was), where its
+    #: rows depend on the region; True on every such token (after a letter or a sign too, where
+    #: the rows are ``fresh`` but the grammar must step each long token, building lexer states
+    #: the plain mask never needs: ~2.7x the plain mask on a first pass, docs/fast-forward.md
+    #: section 10); False: off
+    narrow_lookahead = "joined"
     #: the same one-step lookahead after the digits that must end a run of digits
     #: (:meth:`CanonicalTokenizer._build_digit_probes`) where the mask holds digits alone:
     #: ``20`` where a pattern wants four digits
@@ -1353,8 +1378,9 @@ class CanonicalState:
             tab = self._first_table(None, here)
             # the narrow candidates whose verdict the mask itself shows (most of them) are not
             # read again: neither the grammar's next bytes nor forced text after them
-            if _narrow_witnessed(words, narrow, ct.narrow_index, tab[0], tab[2], ct.ext_bits, ct.ext_tok):
-                known = (ct.narrow_index, *tab)
+            if _narrow_witnessed(words, narrow, ct.narrow_index, tab[0], tab[2], ct.ext_bits, ct.ext_tok,
+                                 matcher.narrow_live(words.shape[0]), tab[4]):
+                known = (ct.narrow_index, *tab[:4])
             elif small:
                 narrow = None
             else:
@@ -1428,22 +1454,23 @@ class CanonicalState:
             n = max(ct.n_narrow, 1)
             if len(ct._first_tables) > 10_000:
                 ct._first_tables.clear()
-            tab = (np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool))
+            tab = (np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool), *ct.no_fresh)
             (region, _junc), _last, pending = here
             if ct.fresh_after is not None and not pending:
                 # the narrow tokens that start at a boundary no future moves after this region:
                 # the state after them is theirs alone (CanonicalTokenizer._build_fresh_rows)
                 a = _SIGMA_CODE.get(region[-1]) if region else -1
-                sel = ct.fresh[2] if a == -1 else None if a is None else ct.fresh_after[a]
-                if sel is not None:
+                if a is not None:
+                    sel = ct.fresh_after[a]
                     f, e, _k = ct.fresh
+                    tab = (tab[0], tab[1], tab[2], sel, ct.fresh_words[a])
                     tab[0][sel] = f[sel]
                     tab[1][sel] = e[sel]
                     tab[2][sel] = True
             ct._first_tables[here] = tab
         if toks is None:
             return tab
-        first, end, known = tab
+        first, end, known = tab[:3]
         idx = ct.narrow_index[toks]
         for j in np.flatnonzero(~known[idx]).tolist():
             k = int(idx[j])

@@ -677,16 +677,22 @@ def any_outside(words, inside):
 
 
 @njit(nogil=True, cache=True)
-def narrow_witnessed(words, cand, index, first, known, ext_bits, ext_tok):
+def narrow_witnessed(words, cand, index, first, known, ext_bits, ext_tok, live, fresh):
     """The one-step lookahead's easy verdicts, read from the mask itself. For each set bit ``t`` of
     ``cand`` (narrow tokens allowed now) with a known row ``first[index[t]]`` (the bytes that may
     start a token canonical after it): the tokens of its bytes and then one more byte ``b``
     (``ext_tok[index[t], b]``, for the bytes ``b`` of ``ext_bits[index[t]]``) that ``words``
     allows show the bytes the grammar allows right after ``t``. When one of them is in the row and
     two of them differ (so no text is forced after ``t``), ``t`` is viable: its bit is cleared.
-    Returns how many bits are left (the grammar must be asked about those)."""
+    So is the bit of a candidate set in ``live`` (viable by lexer moves alone from the current
+    lexer state with the row it has after every region: ``GrammarMatcher.narrow_live``) and in
+    ``fresh`` (its row here is that row). Returns how many bits are left (the grammar must be
+    asked about those)."""
     left = 0
     for i in range(cand.shape[0]):
+        if cand[i] == 0:
+            continue
+        cand[i] &= ~(live[i] & fresh[i])
         w = np.int64(cand[i])
         if w == 0:
             continue

@@ -682,6 +682,20 @@ def _probe_live(s, h, lex_len, nfirst, nend, k, G, L, P, M):
 
 
 @njit(nogil=True, cache=True, inline="always")
+def _lexer_reads_one(L, s, nfirst, k):
+    """Whether the lexer alone reads one of the bytes set in ``nfirst[k]`` from state ``s``."""
+    for w in range(8):
+        v = nfirst[k, w]
+        while v:
+            low = v & (~v + np.uint32(1))
+            b = w * 32 + _low_bit(low)
+            v ^= low
+            if L.trans[s * 256 + b] >= 0:
+                return True
+    return False
+
+
+@njit(nogil=True, cache=True, inline="always")
 def _low_bit(x):
     """The index of the only set bit of ``x`` (uint32)."""
     i = 0
@@ -777,8 +791,8 @@ def jump_forward(s, h, lex_len, G, L, P, M, buf, ok, XE):
 
 
 @njit(nogil=True, cache=True)
-def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, nend, nknown, rank, data, off,
-                 order, ok, cand, out_n, hit, flen, fbuf, nxt, XE):
+def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, nend, nknown, nfresh, nlive, rank,
+                 data, off, order, ok, cand, out_n, hit, flen, fbuf, nxt, XE):
     """The bytes the grammar forces right after each candidate token read from (s, h): the
     candidates are the set bits of ``words`` not set in ``skip`` (token ``t``'s bytes being
     ``data[off[t]:off[t + 1]]``). A candidate after which something is forced (as
@@ -796,7 +810,11 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
     follow (``nknown[nidx[t]]``: the first bytes ``nfirst[nidx[t]]`` of what may come canonically
     after it, ``nend[nidx[t]]`` whether the text may end after it) is decided here, reading only
     those bytes: not reported when one of them may come next (or both may end), else reported
-    with ``flen`` -3 (to be dropped). Returns a status (OK, or what the driver must build before
+    with ``flen`` -3 (to be dropped). Such a probe read by lexer moves alone, whose row is its
+    row after a certain boundary (``nfresh[nidx[t]]``: the same in every region it is read after)
+    and after which the lexer alone reads one of those bytes, is viable from every parser state
+    over lexer state ``s``: its bit is set in ``nlive`` (a fact of ``s``, kept by the caller, as
+    ``skip``). Returns a status (OK, or what the driver must build before
     calling again). ``XE``: as :func:`fill_mask`'s (with an expander, the states met are built
     as they are met: the forced text after a new structure meets one per byte, each a Python
     round of the read-only variant)."""
@@ -894,6 +912,9 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                 # loop below, which stops at once (nothing is forced) and reports what may follow
                 k = nidx[t]
                 if k >= 0 and nknown[k]:
+                    if ch == h and nfresh[k] and _lexer_reads_one(L, cs, nfirst, k):
+                        nlive[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+                        continue
                     cache_top = min(cache_top, ch)
                     m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
                     st, live = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)

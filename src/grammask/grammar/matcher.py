@@ -461,9 +461,11 @@ class GrammarMatcher:
         again there. ``probe`` (bits over the vocabulary): tokens reported even with nothing
         forced after them, ``flen`` 0 (or -2 where the grammar may end after them) and ``nxt`` the
         bytes that may follow them. ``known``: ``(index of each token among the probes (-1: not
-        one), first bytes [n, 8], may end [n], known [n])``, the verdicts the kernel gives itself
-        (see :func:`.mask.forced_after`): a probe known to be viable is not reported, one known
-        not to be is, with ``flen`` -3."""
+        one), first bytes [n, 8], may end [n], known [n], the same after every region [n])``, the
+        verdicts the kernel gives itself (see :func:`.mask.forced_after`): a probe known to be
+        viable is not reported, one known not to be is, with ``flen`` -3; with ``cached``, the
+        probes of the last kind that the lexer alone finds viable are kept per lexer state
+        (:meth:`narrow_live`)."""
         self._sync()
         nw = words.shape[0]
         skip = self._forced_skip(nw) if cached else np.zeros(nw, np.uint32)
@@ -475,7 +477,10 @@ class GrammarMatcher:
             known = _NO_KNOWN.get(nw)
             if known is None:
                 known = _NO_KNOWN[nw] = (np.full(nw * 32, -1, np.int64), np.zeros((1, 8), np.uint32),
-                                         np.zeros(1, bool), np.zeros(1, bool))
+                                         np.zeros(1, bool), np.zeros(1, bool), np.zeros(1, bool))
+            live = probe        # (no probe is known: nothing is written)
+        else:
+            live = self.narrow_live(nw) if cached else np.zeros(nw, np.uint32)
         data, off, rank = self.compiled.tokenizer_info.token_bytes_flat()
         cand = self.__dict__.get("_fa_cand")
         if cand is None or cand.shape[0] < nw * 32:
@@ -488,28 +493,40 @@ class GrammarMatcher:
             fbuf = np.zeros((cap, max_bytes), np.uint8)
             nxt = np.zeros((cap, 8), np.uint32)
             self._call_building(_forced_after, _forced_after_x, (self._s, self._h, self._lex_len),
-                                (words, skip, probe, *known, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n, hit,
-                                 flen, fbuf, nxt))
+                                (words, skip, probe, *known, live, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n,
+                                 hit, flen, fbuf, nxt))
             if not out_n[1]:
                 k = int(out_n[0])
                 return hit[:k], flen[:k], fbuf[:k], nxt[:k]
             cap *= 4
 
+    def narrow_live(self, n_words: int | None = None) -> np.ndarray:
+        """The probes :meth:`forced_after_words` found viable from the current lexer state by lexer
+        moves alone, with the follower rows they have after every region (bits over the
+        vocabulary; see :func:`.mask.forced_after`), kept on the lexer as :meth:`_forced_skip`."""
+        return self._per_lexer_state("_narrow_live", n_words)
+
     def _forced_skip(self, n_words: int | None = None) -> np.ndarray:
         """The tokens :meth:`forced_after_words` knows to have no forced text from the current
         lexer state (bits over the vocabulary), kept on the lexer: at most
-        :data:`MAX_SKIP_STATES` states a lexer, 16 KB each on a 128k vocabulary."""
+        :data:`MAX_SKIP_STATES` states a lexer, 16 KB each on a 128k vocabulary (counted in
+        :meth:`.Lexer.held_bytes`)."""
+        return self._per_lexer_state("_forced_skip", n_words)
+
+    def _per_lexer_state(self, name: str, n_words: int | None) -> np.ndarray:
+        """The bits over the vocabulary kept on the lexer under ``name`` for the current lexer
+        state (zeros when new; at most :data:`MAX_SKIP_STATES` states, then cleared)."""
         self._sync()
         lexer = self._lexer
-        store = lexer.__dict__.get("_forced_skip")
+        store = lexer.__dict__.get(name)
         if store is None:
-            store = lexer._forced_skip = {}
-        skip = store.get(self._s)
-        if skip is None:
+            store = lexer.__dict__.setdefault(name, {})
+        bits = store.get(self._s)
+        if bits is None:
             if len(store) >= MAX_SKIP_STATES:
                 store.clear()
-            skip = store[self._s] = np.zeros(n_words or (self.vocab_size + 31) // 32, np.uint32)
-        return skip
+            bits = store[self._s] = np.zeros(n_words or (self.vocab_size + 31) // 32, np.uint32)
+        return bits
 
     def find_jump_forward_string(self) -> str:
         """The forced text from here, cut to whole UTF-8 characters (xgrammar's API)."""
