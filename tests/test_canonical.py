@@ -1775,3 +1775,47 @@ def test_narrow_candidates_the_mask_witnesses_keep_the_masks(monkeypatch):
     assert all(np.array_equal(a, b) for a, b in zip(with_w, without))
     assert counts["kept"] > 200, counts
     assert any(not np.array_equal(a, b) for a, b in zip(masks(wrong), without))
+
+
+def test_joined_lookahead_reads_whitespace_after_whitespace():
+    """The default one-step lookahead (``narrow_lookahead = "joined"``) reads the whitespace that
+    may join the region before it: after ``{`` and a space a second space is dropped (only a
+    digit could follow it canonically, and an object's key may not), after ``[`` and a space of
+    an integer array it stays; after ``{`` alone (a boundary no future moves: its row is
+    ``fresh``) it is not read. Where the region ends in whitespace the masks are those of the
+    lookahead over every narrow token (True), and some differ from no lookahead (False)."""
+    from grammask.grammar.canonical import CanonicalState
+
+    assert CanonicalState.narrow_lookahead == "joined"
+    info, _tok, encode = _llama()
+    ct = canonical_tokenizer(info)
+    comp = GrammarCompiler(info)
+    obj = comp.compile_json_schema(_WS_SCHEMA)
+    ints = comp.compile_json_schema({"type": "array", "items": {"type": "integer"}})
+    sp = encode(" ")[0]
+
+    def allowed(g, steps, mode):
+        CanonicalState.narrow_lookahead = mode
+        try:
+            m = GrammarMatcher(g, canonical=ct)
+            m._canon.memoise = False
+            for t in steps:
+                assert m.accept_token(t)
+            return _allowed(m, info.vocab_size)
+        finally:
+            CanonicalState.narrow_lookahead = "joined"
+
+    assert sp not in set(allowed(obj, [encode("{")[0], sp], "joined").tolist())
+    assert sp in set(allowed(obj, [encode("{")[0], sp], False).tolist())
+    assert sp in set(allowed(ints, [encode("[")[0], sp], "joined").tolist())
+    assert sp in set(allowed(obj, [encode("{")[0]], "joined").tolist())
+    differ = 0
+    for g, text in [(obj, "{ "), (obj, "{\t"), (obj, '{"a": "x", '), (obj, '{"a":\t'), (obj, '{"a":"x","b":true '),
+                    (ints, "[ "), (ints, "[1, "), (ints, "[1,\t\t")]:
+        steps = encode(text)
+        if not info.token_bytes[steps[-1]].isspace():
+            continue
+        joined = allowed(g, steps, "joined")
+        assert np.array_equal(joined, allowed(g, steps, True)), text
+        differ += not np.array_equal(joined, allowed(g, steps, False))
+    assert differ >= 3, differ
