@@ -13,8 +13,8 @@ differ is non-canonical. For each dead end the last tokens, the grammar's forced
 size of the plain mask are printed, so the classes of dead ends can be read off.
 ``--forced-after-words N`` sets :attr:`.CanonicalState.forced_after_words`, the widest mask (in
 non-zero words) whose candidates are judged along the text the grammar forces after them (0: none);
-``--narrow`` turns on :attr:`.CanonicalState.narrow_lookahead` (the one-step lookahead after
-whitespace ending in a space or a tab).
+``--narrow`` sets :attr:`.CanonicalState.narrow_lookahead` to True (the one-step lookahead after
+every token of whitespace ending in a space or a tab; by default only after whitespace).
 """
 from __future__ import annotations
 
@@ -44,7 +44,8 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--forced-after-words", type=int, default=None)
     ap.add_argument("--narrow", action="store_true",
-                    help="turn on CanonicalState.narrow_lookahead (whitespace ending in a space)")
+                    help="CanonicalState.narrow_lookahead = True (every whitespace token ending in a space, "
+                         "not only after whitespace)")
     a = ap.parse_args()
     if a.forced_after_words is not None:
         CanonicalState.forced_after_words = a.forced_after_words
