@@ -1376,8 +1376,8 @@ class CanonicalState:
         if narrow is not None:
             ct = self.ct
             tab = self._first_table(None, here)
-            # the narrow candidates whose verdict the mask itself shows (most of them) are not
-            # read again: neither the grammar's next bytes nor forced text after them
+            # the narrow candidates whose verdict the mask itself shows (short whitespace) or the
+            # lexer state kept are not read again: neither the grammar's next bytes nor forced text
             if _narrow_witnessed(words, narrow, ct.narrow_index, tab[0], tab[2], ct.ext_bits, ct.ext_tok,
                                  matcher.narrow_live(words.shape[0]), tab[4]):
                 known = (ct.narrow_index, *tab[:4])
