@@ -650,16 +650,11 @@ def allowed_bytes(s, h, G, L, P, M, out):
 @njit(nogil=True, cache=True)
 def _probe_live(s, h, lex_len, nfirst, nend, k, G, L, P, M):
     """(status, whether one of the bytes set in ``nfirst[k]`` may come next from (s, h), or the
-    grammar may end there while ``nend[k]``)."""
-    if nend[k]:
-        st, e = can_end(s, h, lex_len, G, L, P, M)
-        if st != OK:
-            return st, False
-        if e:
-            return OK, True
-    cache_top = row_top(P, h)
+    grammar may end there while ``nend[k]``; whether the lexer alone read such a byte, asking the
+    parser nothing). The lexer's own moves are tried first."""
     not_accepting = L.state_acc[s] < 0
-    incomplete = False
+    rest = np.empty(256, np.int64)      # the bytes only the parser can decide
+    n = 0
     for w in range(8):
         v = nfirst[k, w]
         while v:
@@ -668,31 +663,28 @@ def _probe_live(s, h, lex_len, nfirst, nend, k, G, L, P, M):
             v ^= low
             t = L.trans[s * 256 + b]
             if t >= 0:
-                return OK, True
+                return OK, True, True
             if t == -1 and not_accepting:
                 continue
-            st, _t, _h, cache_top = step_slow(b, s, h, cache_top, G, L, P, M)
-            if st == OK:
-                return OK, True
-            if st == MISSING:
-                incomplete = True
-            elif st != REJECT:
-                return st, False
-    return (MISSING if incomplete else OK), False
-
-
-@njit(nogil=True, cache=True, inline="always")
-def _lexer_reads_one(L, s, nfirst, k):
-    """Whether the lexer alone reads one of the bytes set in ``nfirst[k]`` from state ``s``."""
-    for w in range(8):
-        v = nfirst[k, w]
-        while v:
-            low = v & (~v + np.uint32(1))
-            b = w * 32 + _low_bit(low)
-            v ^= low
-            if L.trans[s * 256 + b] >= 0:
-                return True
-    return False
+            rest[n] = b
+            n += 1
+    if nend[k]:
+        st, e = can_end(s, h, lex_len, G, L, P, M)
+        if st != OK:
+            return st, False, False
+        if e:
+            return OK, True, False
+    cache_top = row_top(P, h)
+    incomplete = False
+    for i in range(n):
+        st, _t, _h, cache_top = step_slow(rest[i], s, h, cache_top, G, L, P, M)
+        if st == OK:
+            return OK, True, False
+        if st == MISSING:
+            incomplete = True
+        elif st != REJECT:
+            return st, False, False
+    return (MISSING if incomplete else OK), False, False
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -912,20 +904,19 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                 # loop below, which stops at once (nothing is forced) and reports what may follow
                 k = nidx[t]
                 if k >= 0 and nknown[k]:
-                    if ch == h and nfresh[k] and _lexer_reads_one(L, cs, nfirst, k):
-                        nlive[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
-                        continue
                     cache_top = min(cache_top, ch)
                     m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
-                    st, live = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
+                    st, live, by_lexer = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
                     while st == MISSING and inline_resolve(XE, M, m0, m1, m2):
-                        st, live = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
+                        st, live, by_lexer = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
                     if st == MISSING:
                         incomplete = True
                         continue
                     if st != OK:
                         return st
                     if live:
+                        if by_lexer and ch == h and nfresh[k]:
+                            nlive[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
                         continue
                     if nh == flen.shape[0]:
                         out_n[1] = 1
