@@ -55,6 +55,9 @@ _one_first_byte = FastCall(one_first_byte)
 _any_outside = FastCall(any_outside)
 _narrow_witnessed = FastCall(narrow_witnessed)
 _CONTRACTION = frozenset("strevmld")
+#: the follower tables of the one-step lookahead kept per tokenizer (one per state before a narrow
+#: token: CanonicalState._first_table; the MaskBench sample's passes make 14)
+MAX_FIRST_TABLES = 1024
 #: a representative's character -> its code in the split program's alphabet
 _SIGMA_CODE = {c: i for i, c in enumerate(SIGMA)}
 _NO_CONTRACTION = str.maketrans({c: "x" for c in _CONTRACTION})
@@ -735,7 +738,9 @@ class CanonicalTokenizer:
         #: the state after a narrow token (region key, token, pending) -> (first bytes of the
         #: tokens canonical after it, as 8 words; whether the text may end there); and per state
         #: before it (region key, last, pending), a table over the narrow tokens of the same
-        #: (first bytes [n, 8], may end [n], known [n]): see CanonicalState._first_after
+        #: (first bytes [n, 8], may end [n], known [n], fresh [n], fresh as vocabulary bits): see
+        #: CanonicalState._first_after; at most MAX_FIRST_TABLES tables (~12 KB each on Llama-3),
+        #: then cleared
         self._first_after: dict = {}
         self._first_tables: dict = {}
 
@@ -1447,12 +1452,12 @@ class CanonicalState:
     def _first_table(self, toks, here: tuple):
         """:meth:`_first_after` of the narrow tokens ``toks`` (ids), as arrays ([n, 8] first
         bytes, [n] may end), from a table kept per ``here`` and per tokenizer; ``toks`` None:
-        the table itself (first bytes, may end, known)."""
+        the table itself (first bytes, may end, known, fresh, fresh as vocabulary bits)."""
         ct = self.ct
         tab = ct._first_tables.get(here)
         if tab is None:
             n = max(ct.n_narrow, 1)
-            if len(ct._first_tables) > 10_000:
+            if len(ct._first_tables) >= MAX_FIRST_TABLES:
                 ct._first_tables.clear()
             tab = (np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool), *ct.no_fresh)
             (region, _junc), _last, pending = here
