@@ -60,6 +60,15 @@ _CONTRACTION = frozenset("strevmld")
 MAX_FIRST_TABLES = 1024
 #: a representative's character -> its code in the split program's alphabet
 _SIGMA_CODE = {c: i for i, c in enumerate(SIGMA)}
+
+
+def _last_code(region: str, pending: bytes):
+    """The index into :attr:`CanonicalTokenizer.fresh_after` (``fresh_words``, ``joined_words``)
+    for a region: the code of its last character, -1 for the empty region, None after an
+    unfinished character (or a character outside the alphabet)."""
+    if pending:
+        return None
+    return _SIGMA_CODE.get(region[-1]) if region else -1
 _NO_CONTRACTION = str.maketrans({c: "x" for c in _CONTRACTION})
 _PROBE_CHARS = ["x", ".", " ", "\n", "1", "s", "'", "\t", "\r"]
 # the future matters through its next character and, after whitespace, through how the run goes on
@@ -1168,10 +1177,9 @@ class CanonicalState:
         narrow = None
         if self.narrow_lookahead:
             nw = self.ct.narrow_words
-            if self.narrow_lookahead == "joined" and self.ct.joined_words is not None and not self.pending:
+            if self.narrow_lookahead == "joined" and self.ct.joined_words is not None:
                 # only the whitespace that may join the region before it (after whitespace)
-                region = self._region()[0]
-                a = _SIGMA_CODE.get(region[-1]) if region else -1
+                a = _last_code(self._region()[0], self.pending)
                 if a is not None:
                     nw = self.ct.joined_words[a]
             if nw is not None:
@@ -1460,18 +1468,16 @@ class CanonicalState:
             if len(ct._first_tables) >= MAX_FIRST_TABLES:
                 ct._first_tables.clear()
             tab = (np.zeros((n, 8), np.uint32), np.zeros(n, bool), np.zeros(n, bool), *ct.no_fresh)
-            (region, _junc), _last, pending = here
-            if ct.fresh_after is not None and not pending:
+            a = _last_code(here[0][0], here[2])
+            if ct.fresh_after is not None and a is not None:
                 # the narrow tokens that start at a boundary no future moves after this region:
                 # the state after them is theirs alone (CanonicalTokenizer._build_fresh_rows)
-                a = _SIGMA_CODE.get(region[-1]) if region else -1
-                if a is not None:
-                    sel = ct.fresh_after[a]
-                    f, e, _k = ct.fresh
-                    tab = (tab[0], tab[1], tab[2], sel, ct.fresh_words[a])
-                    tab[0][sel] = f[sel]
-                    tab[1][sel] = e[sel]
-                    tab[2][sel] = True
+                sel = ct.fresh_after[a]
+                f, e, _k = ct.fresh
+                tab = (tab[0], tab[1], tab[2], sel, ct.fresh_words[a])
+                tab[0][sel] = f[sel]
+                tab[1][sel] = e[sel]
+                tab[2][sel] = True
             ct._first_tables[here] = tab
         if toks is None:
             return tab

@@ -648,12 +648,12 @@ def allowed_bytes(s, h, G, L, P, M, out):
 
 
 @njit(nogil=True, cache=True)
-def _probe_live(s, h, lex_len, nfirst, nend, k, G, L, P, M):
+def _probe_live(s, h, lex_len, nfirst, nend, k, G, L, P, M, rest):
     """(status, whether one of the bytes set in ``nfirst[k]`` may come next from (s, h), or the
     grammar may end there while ``nend[k]``; whether the lexer alone read such a byte, asking the
-    parser nothing). The lexer's own moves are tried first."""
+    parser nothing). The lexer's own moves are tried first; ``rest`` (256 entries, scratch) gets
+    the bytes only the parser can decide."""
     not_accepting = L.state_acc[s] < 0
-    rest = np.empty(256, np.int64)      # the bytes only the parser can decide
     n = 0
     for w in range(8):
         v = nfirst[k, w]
@@ -832,6 +832,7 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
         rk[i] = rank[cand[i]]
         longest = max(longest, off[cand[i] + 1] - off[cand[i]])
     byrank = np.argsort(rk)
+    rest = np.empty(256, np.int64)      # (_probe_live's scratch)
     ps = np.empty(longest + 1, np.int64)
     ph = np.empty(longest + 1, np.int64)
     ps[0] = s
@@ -906,9 +907,9 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                 if k >= 0 and nknown[k]:
                     cache_top = min(cache_top, ch)
                     m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
-                    st, live, by_lexer = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
+                    st, live, by_lexer = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M, rest)
                     while st == MISSING and inline_resolve(XE, M, m0, m1, m2):
-                        st, live, by_lexer = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M)
+                        st, live, by_lexer = _probe_live(cs, ch, lex_len + ln, nfirst, nend, k, G, L, P, M, rest)
                     if st == MISSING:
                         incomplete = True
                         continue
