@@ -116,6 +116,31 @@ def test_pair_test_is_exact_on_every_pair_of_a_trained_bpe(small):
     assert n_conflicts > 500       # the test sees both answers (750 of 160k pairs)
 
 
+def test_bpe_merge_equals_the_tokenizer_bpe(small):
+    """:func:`~grammask.grammar.canonical_bpe.bpe_merge` (pair ranks kept between merges) gives the
+    trained BPE's own encoding of random strings (runs of its tokens' bytes), as the plain loop does."""
+    from grammask.grammar.canonical_bpe import _bpe_ids, bpe_merge
+
+    info, tok, _ = small
+    spec = canonical_spec(info)
+    bc = BpeCanon.build(info.token_bytes, spec.rules)
+    oracle = _raw_bpe(tok)
+    rng = random.Random(5)
+    pieces = [t for t in info.token_bytes if t and all(bc.byte_id[b] >= 0 for b in t)]
+    n = 70
+    rk, ri = np.empty(n, np.int64), np.empty(n, np.int64)
+    multi = 0
+    for _ in range(400):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randint(1, 12)))[:n]
+        parts = np.array([bc.byte_id[b] for b in data], np.int64)
+        ref = parts.copy()
+        m = bpe_merge(parts, len(parts), bc.keys, bc.rule_rank, bc.rule_out, np.int64(bc.V), rk, ri)
+        k, _last = _bpe_ids(ref, len(ref), bc.keys, bc.rule_rank, bc.rule_out, np.int64(bc.V))
+        assert parts[:m].tolist() == ref[:k].tolist() == oracle(data), data
+        multi += m < len(data)
+    assert multi > 200, multi
+
+
 def _sampled_pairs(info, bc, oracle, seed=0, n_left=150):
     rng = random.Random(seed)
     V, tb = info.vocab_size, info.token_bytes
@@ -1110,6 +1135,57 @@ def test_candidates_followed_by_forced_text_longest_first_equal_the_full_search(
                 dropped += not kept
             assert m.accept_token(t)
     assert checked > 30 and dropped > 10, (checked, dropped)
+
+
+@pytest.mark.parametrize("which", ["llama", "smollm"])
+def test_boundary_verdicts_match_the_tokenizer_and_the_search(which):
+    """The compiled verdicts on candidates whose forced text reaches a pre-token boundary no future
+    moves (:func:`~grammask.grammar.canonical_split.forced_verdicts`): at every step of documents
+    with forced keys, enum values and literals, for every candidate of the whole plain mask
+    followed by forced text, a verdict given agrees with the tokenizer itself (its encoding of the
+    region's text, the candidate, its forced text and each byte that may follow, begins with the
+    region's tokens and the candidate exactly when the verdict is viable) and with the Python
+    search along the forced text; both verdicts occur, and most candidates get one."""
+    from grammask.grammar.canonical_split import FV_DEAD, FV_VIABLE
+
+    info, tok, encode = _llama() if which == "llama" else _smollm()
+    ct = canonical_tokenizer(info)
+    comp = GrammarCompiler(info)
+    tb, V = info.token_bytes, info.vocab_size
+    counts = {FV_VIABLE: 0, FV_DEAD: 0, -1: 0}
+    docs = [(_KEYS_SCHEMA, json.dumps({k: ("abading" if k == "kind" else i)
+                                       for i, k in enumerate(_KEYS_SCHEMA["required"])})),
+            (_VALUES_SCHEMA, json.dumps({"v": _VALUES_SCHEMA["properties"]["v"]["items"]["enum"], "n": None},
+                                        separators=(",", ":"))),
+            ({"type": "array", "items": {"type": ["boolean", "null"]}}, "[true, false,null , true]")]
+    for schema, doc in docs:
+        compiled = comp.compile_json_schema(schema)
+        m = GrammarMatcher(compiled, canonical=ct)
+        for t in encode(doc):
+            plain, pw = _plain_and_per_step(m, V)
+            hit, flen, fbuf, nxt = plain.forced_after_words(pw, 24, cached=False)
+            cs = m._canon
+            fv = cs._boundary_verdicts(hit, flen, fbuf, nxt)
+            assert fv is not None
+            region = b"".join(tb[r] for r in cs.tokens)
+            for j, c in enumerate(hit.tolist()):
+                n = int(flen[j])
+                if n <= 0 or n >= fbuf.shape[1]:
+                    continue
+                v = fv[j]
+                counts[v] += 1
+                if v == -1:
+                    continue
+                text = tb[c] + fbuf[j, :n].tobytes()
+                want = list(cs.tokens) + [c]
+                nb = [b for b in range(256) if (int(nxt[j, b >> 5]) >> (b & 31)) & 1]
+                for b in nb[:4] + [None]:
+                    s = region + text + (bytes([b]) if b is not None else b"")
+                    got = encode(s.decode("utf-8"))[: len(want)] == want
+                    assert got == (v == FV_VIABLE), (tb[c], text, b, v)
+                assert bool(_full_search(m, c, text, len(tb[c]), nxt[j])) == (v == FV_VIABLE), (tb[c], text, v)
+            assert m.accept_token(t)
+    assert counts[FV_VIABLE] > 20 and counts[FV_DEAD] > 20 and counts[-1] < counts[FV_VIABLE] + counts[FV_DEAD], counts
 
 
 def test_prefix_range_matches_a_scan(small):

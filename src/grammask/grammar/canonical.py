@@ -38,7 +38,7 @@ import numpy as np
 
 from ..errors import CanonicalTokenizationError
 from .canonical_bpe import BpeCanon
-from .canonical_split import SIGMA, and_allowed, any_outside, narrow_witnessed
+from .canonical_split import FV_DEAD, FV_VIABLE, SIGMA, and_allowed, any_outside, forced_verdicts, narrow_witnessed
 from .canonical_split import ids_of_words as _ids_of_words
 from .canonical_split import one_first_byte
 from .canonical_split import verdict_words as _verdict_words
@@ -54,6 +54,7 @@ _and_allowed = FastCall(and_allowed)
 _one_first_byte = FastCall(one_first_byte)
 _any_outside = FastCall(any_outside)
 _narrow_witnessed = FastCall(narrow_witnessed)
+_forced_verdicts = FastCall(forced_verdicts)
 _CONTRACTION = frozenset("strevmld")
 #: the follower tables of the one-step lookahead kept per tokenizer (one per state before a narrow
 #: token: CanonicalState._first_table; the MaskBench sample's passes make 14)
@@ -279,6 +280,7 @@ class CanonicalTokenizer:
         #: first-pass mean ratio 2.32 -> 2.18 with 64 instead of 4096; 16 and 256 alike)
         self.lazy_limit = 64 if self._prog is not None else 4096
         self._load_kernels()
+        self._build_forced_tables()
         #: verdicts of the regions made of one token's representative, judged with the rest of the
         #: tokenizer side (and kept on disk) rather than in a request's first masks
         self.base_region_seconds = 0.0
@@ -451,6 +453,41 @@ class CanonicalTokenizer:
             t = int(reach[0])
             self.bpe.pair_ok(t, t)
             self.bpe.conflict_words(t, self.n_words)
+
+    def _build_forced_tables(self) -> None:
+        """What :func:`~.canonical_split.forced_verdicts` reads (with a compiled split program): each
+        ASCII byte's code in the program's alphabet (-1 for other bytes) and the program's
+        :func:`~.canonical_split.bigrams`; its kernel is loaded now. ``_fv_code`` None: no such
+        verdicts (the forced-text searches decide alone)."""
+        from . import canonical_split as cs
+
+        self._fv_code = self._fv_pair = None
+        if self._prog is None:
+            return
+        code = np.full(256, -1, np.int8)
+        for b in range(128):
+            r = rep_of(chr(b), self.fold_case)
+            if len(r) == 1 and r in _SIGMA_CODE:
+                code[b] = _SIGMA_CODE[r]
+        self._fv_code = code
+        self._fv_pair = cs.bigrams(self._prog)
+        self._fv_la = np.int64(cs.lookahead_before(self._prog))
+        z = np.zeros(0, np.int64)
+        self.forced_verdicts(z, z, z, np.zeros((0, 1), np.uint8), np.zeros((0, 8), np.uint32))
+
+    def forced_verdicts(self, region_ids: np.ndarray, hit: np.ndarray, flen: np.ndarray, fbuf: np.ndarray,
+                        nxt: np.ndarray) -> np.ndarray | None:
+        """:func:`~.canonical_split.forced_verdicts` of candidates ``hit`` followed by forced text
+        ``fbuf[j, :flen[j]]`` and then a byte of ``nxt[j]``, after the open region of tokens
+        ``region_ids`` (no unfinished character); None without a compiled split program."""
+        if self._fv_code is None:
+            return None
+        bpe = self.bpe
+        data, off, _rank = self.info.token_bytes_flat()
+        out = np.empty(hit.shape[0], np.int64)
+        _forced_verdicts(region_ids, hit, flen, fbuf, nxt, data, off, self._fv_code, self._fv_pair, self._fv_la,
+                         bpe.byte_id, bpe.keys, bpe.rule_rank, bpe.rule_out, np.int64(bpe.V), out, *self._prog)
+        return out
 
     # -------------------------------------------------------------- build
     @classmethod
@@ -1419,15 +1456,27 @@ class CanonicalState:
                     drop += hit[probes[~live]].tolist()
             self._drop_many(words, [t for t in drop if t not in checked])
             width = fbuf.shape[1]
+            # the candidates whose forced text reaches a boundary no future moves: decided in one
+            # compiled call (the rest, and without a compiled split program all, are searched)
+            fv = self._boundary_verdicts(hit, flen, fbuf, nxt)
             todo = []
             for i, n in enumerate(fl):
-                # text cut at the limit: its end is unknown (kept); -1 (rejected), 0/-2/-3
-                # (probes): nothing to search
-                if n <= 0 or n >= width:
+                # -1 (rejected), 0/-2/-3 (probes): nothing to search
+                if n <= 0:
                     continue
                 t = hl[i]
                 b = tb[t]
                 if not b or t in checked:
+                    continue
+                v = fv[i] if fv is not None else -1
+                if v == FV_DEAD:
+                    checked.add(t)
+                    self._drop(words, t)
+                    continue
+                if v == FV_VIABLE:
+                    checked.add(t)
+                    continue
+                if n >= width:      # text cut at the limit: its end is unknown (kept)
                     continue
                 checked.add(t)
                 tail = fbuf[i, :n].tobytes()
@@ -1456,6 +1505,17 @@ class CanonicalState:
                     certain = text
         finally:
             self._matcher = self._next_after = None
+
+    def _boundary_verdicts(self, hit, flen, fbuf, nxt):
+        """:meth:`CanonicalTokenizer.forced_verdicts` after the open region, as a list (None after an
+        unfinished character, or without a compiled split program)."""
+        if self.pending or self.ct._fv_code is None:
+            return None
+        ids = self.__dict__.get("_region_ids")
+        if ids is None or ids[0] is not self.tokens:
+            ids = self._region_ids = (self.tokens, np.array(self.tokens, np.int64))
+        out = self.ct.forced_verdicts(ids[1], hit, flen, fbuf, nxt)
+        return out.tolist()
 
     def _first_table(self, toks, here: tuple):
         """:meth:`_first_after` of the narrow tokens ``toks`` (ids), as arrays ([n, 8] first

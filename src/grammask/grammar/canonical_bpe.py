@@ -75,6 +75,40 @@ def _bpe_ids(parts, n, keys, rule_rank, rule_out, V):
 
 
 @njit(nogil=True, cache=True)
+def bpe_merge(parts, n, keys, rule_rank, rule_out, V, rk, ri):
+    """:func:`_bpe_ids` (the same merges in the same order: lowest rule rank first, leftmost on
+    ties) with the rank of each adjacent pair kept in ``rk`` (its rule in ``ri``; scratch, ``n``
+    entries each): a merge looks up only the two pairs it changes, not every pair again. Returns
+    the new length."""
+    for i in range(n - 1):
+        r = _rule_lookup(keys, parts[i], parts[i + 1], V)
+        ri[i] = r
+        rk[i] = rule_rank[r] if r >= 0 else INF_RANK
+    while n > 1:
+        best = INF_RANK
+        bi = -1
+        for i in range(n - 1):
+            if rk[i] < best:
+                best = rk[i]
+                bi = i
+        if bi < 0:
+            break
+        parts[bi] = rule_out[ri[bi]]
+        for j in range(bi + 1, n - 1):
+            parts[j] = parts[j + 1]
+        for j in range(bi + 1, n - 2):
+            rk[j] = rk[j + 1]
+            ri[j] = ri[j + 1]
+        n -= 1
+        for i in (bi - 1, bi):
+            if 0 <= i < n - 1:
+                r = _rule_lookup(keys, parts[i], parts[i + 1], V)
+                ri[i] = r
+                rk[i] = rule_rank[r] if r >= 0 else INF_RANK
+    return n
+
+
+@njit(nogil=True, cache=True)
 def derive_all(tok_data, tok_off, byte_id, keys, rule_rank, rule_out, rule_left, rule_right, V):
     """For every token: reachable (its bytes BPE-encode to itself), and the halves and rank of the
     last merge that made it (-1 for single bytes)."""

@@ -31,6 +31,8 @@ import functools
 import numpy as np
 from numba import njit
 
+from .canonical_bpe import bpe_merge
+
 #: every character a representative string can hold (see ``canonical.rep_of``)
 SIGMA = "xstrevmld1. \n\r\t'"
 _CODE = {c: i for i, c in enumerate(SIGMA)}
@@ -317,6 +319,34 @@ def bigrams(prog) -> np.ndarray:
 # ``n + 1``) it examined. A match whose reach stays within a prefix is the same match in every
 # string that starts with that prefix, so a chain of matches is resumed from its last such point
 # instead of being run again from the start (region, then candidate, then probe).
+def lookahead_before(prog) -> int:
+    """The codes (bits) of the characters that may come right before a negative lookahead of the
+    program (all of them where one opens an alternative). A match ending before a character of
+    another code asks nothing of what follows but that it does not go on: the pre-tokens up to a
+    boundary :func:`bigrams` proves are then the same whatever character comes next
+    (:func:`forced_verdicts`)."""
+    alt_lo, alt_hi, _first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks = prog
+    every = (1 << len(SIGMA)) - 1
+    out = 0
+    for a in range(len(alt_lo)):
+        prev = 0        # the codes that may come right before the next item
+        for it in range(int(alt_lo[a]), int(alt_hi[a])):
+            if kind[it] == K_NOT:
+                out |= prev if it > alt_lo[a] else every
+                continue
+            if kind[it] == K_GROUP:
+                last = 0
+                for li in range(int(grp_lo[grp[it]]), int(grp_hi[grp[it]])):
+                    if lit_hi[li] > lit_lo[li]:
+                        last |= int(lit_masks[int(lit_hi[li]) - 1])
+                nullable = False
+            else:
+                last = int(mask[it])
+                nullable = mn[it] == 0
+            prev = last | (prev if nullable else 0)
+    return out & every
+
+
 @njit(nogil=True, cache=True)
 def _lit_at(s, n, p, lo, hi, lit_masks, reach):
     if p + hi - lo > n:
@@ -726,3 +756,194 @@ def narrow_witnessed(words, cand, index, first, known, ext_bits, ext_tok, live, 
             else:
                 left += 1
     return left
+
+
+#: :func:`forced_verdicts`' answers: the candidate stays canonical up to a boundary no future moves
+#: (viable), it does not (a dead end), or the kernel cannot tell (the caller searches)
+FV_VIABLE, FV_DEAD, FV_UNKNOWN = 2, 0, -1
+
+
+@njit(nogil=True, cache=True)
+def forced_verdicts(region_ids, hit, flen, fbuf, nxt, data, off, code, pair, la, byte_id, keys, rule_rank, rule_out,
+                    V, out, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks):
+    """Whether each candidate ``hit[j]`` followed by its forced text ``fbuf[j, :flen[j]]`` can be
+    written canonically after the open region (tokens ``region_ids``, whose text starts at a
+    pre-token boundary), decided where the text reaches a boundary that no future moves: a pair of
+    adjacent characters no pre-token holds (``pair``, :func:`bigrams`, over the codes ``code`` of
+    bytes; -1: not a representative character) inside the candidate's forced text, or at its end
+    before every byte ``nxt[j]`` allows (8 words of bits; the end of text counts too; the program
+    is run with each of them, or with one where no lookahead may follow the last character: ``la``,
+    :func:`lookahead_before`). The text
+    up to that boundary then has one canonical tokenization: its pre-tokens (the program, run with
+    each possible next character, which must agree) each BPE-encoded by the merges (``byte_id``,
+    ``keys``, ``rule_rank``, ``rule_out``, as :mod:`.canonical_bpe`'s). ``out[j]``: FV_VIABLE when
+    the region's tokens and the candidate begin it, FV_DEAD when they do not, FV_UNKNOWN when no
+    such boundary is found within the text (or a byte is not ASCII, the text is longer than
+    :data:`MAX_LEN`, or the next characters disagree on the pre-tokens): the caller's search
+    decides those. Token ``t``'s bytes are ``data[off[t]:off[t + 1]]``."""
+    one = np.int64(1)
+    n_hits = hit.shape[0]
+    for j in range(n_hits):
+        out[j] = FV_UNKNOWN
+    raw = np.zeros(MAX_LEN + 8, np.int64)
+    codes = np.zeros(MAX_LEN + 8, np.int8)
+    r = 0
+    for i in range(region_ids.shape[0]):
+        t = region_ids[i]
+        for a in range(off[t], off[t + 1]):
+            if r >= MAX_LEN:
+                return
+            c = code[data[a]]
+            if c < 0:
+                return
+            raw[r] = data[a]
+            codes[r] = c
+            r += 1
+    # the chain over the region alone, as far as no continuation can change it (as judge_all)
+    buf, start, choice, reach, res, r_pos, r_bits = _region_chain(
+        codes[:r], alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi, lit_lo, lit_hi, lit_masks)
+    follow = np.empty(17, np.int64)
+    parts = np.empty(MAX_LEN + 8, np.int64)
+    rk = np.empty(MAX_LEN + 8, np.int64)
+    ri = np.empty(MAX_LEN + 8, np.int64)
+    ids = np.empty(MAX_LEN + 8, np.int64)
+    n_ids = 0
+    prev_raw = np.empty(MAX_LEN + 8, np.int64)
+    prev_follow = np.empty(17, np.int64)
+    prev_end = -1
+    prev_nf = 0
+    n_exp = region_ids.shape[0] + 1
+    for j in range(n_hits):
+        nf = flen[j]
+        if nf <= 0:
+            continue
+        t = hit[j]
+        lt = off[t + 1] - off[t]
+        nx = lt + nf
+        if r + nx + 1 > MAX_LEN:
+            continue
+        ok = True
+        for i in range(nx):
+            b = data[off[t] + i] if i < lt else fbuf[j, i - lt]
+            c = code[b]
+            if c < 0:
+                ok = False
+                break
+            raw[r + i] = b
+            buf[r + i] = c
+        if not ok:
+            continue
+        # the first boundary no future moves at or after the candidate's end
+        p = -1
+        for q in range(lt, nx):
+            if not pair[buf[r + q - 1], buf[r + q]]:
+                p = q
+                break
+        n_follow = 0
+        if p >= 0:
+            follow[0] = buf[r + p]
+            n_follow = 1
+        else:
+            last = buf[r + nx - 1]
+            seen = 0
+            for w in range(8):
+                v = np.int64(nxt[j, w])
+                for bit in range(32):
+                    if not (v >> bit) & 1:
+                        continue
+                    c = code[w * 32 + bit]
+                    if c < 0 or pair[last, c]:
+                        ok = False
+                        break
+                    if not (seen >> c) & 1:
+                        seen |= one << c
+                        follow[n_follow] = c
+                        n_follow += 1
+                if not ok:
+                    break
+            if not ok:
+                continue
+            p = nx
+            follow[n_follow] = -1       # the end of text
+            n_follow += 1
+            if not (la >> last) & 1:
+                # no lookahead after the text's last character: one next character tells
+                follow[0] = follow[n_follow - 2] if n_follow > 1 else -1
+                n_follow = 1
+        end = r + p
+        # the text (and its next characters) of the hit before: the same tokenization (the
+        # candidates spelling prefixes of one forced text come one after another)
+        same = end == prev_end and n_follow == prev_nf
+        if same:
+            for i in range(r, end):
+                if raw[i] != prev_raw[i]:
+                    same = False
+                    break
+        if same:
+            for f in range(n_follow):
+                if follow[f] != prev_follow[f]:
+                    same = False
+                    break
+        if not same:
+            prev_end = -1
+            # the pre-tokens up to the boundary, the same under every next character: the chain
+            # over the text, then resumed from where no continuation can change it with each
+            b0 = _chain(buf, end, r_pos, r_bits, end, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo, grp_hi,
+                        lit_lo, lit_hi, lit_masks, start, choice, reach, res)
+            c_pos, c_bits = res[0], res[1]
+            keep = buf[end]
+            bits = np.int64(0)
+            for f in range(n_follow):
+                if follow[f] >= 0:
+                    buf[end] = follow[f]
+                    bs = _chain(buf, end + 1, c_pos, c_bits, 0, alt_lo, alt_hi, first, kind, mask, mn, mx, grp, grp_lo,
+                                grp_hi, lit_lo, lit_hi, lit_masks, start, choice, reach, res)
+                else:
+                    bs = b0 | (one << end)
+                bs &= (one << (end + 1)) - 1
+                if not (bs >> end) & 1:
+                    ok = False
+                    break
+                if f == 0:
+                    bits = bs
+                elif bs != bits:
+                    ok = False
+                    break
+            buf[end] = keep
+            if not ok:
+                continue
+            # each pre-token BPE-encoded
+            n_ids = 0
+            a = 0
+            while a < end:
+                e = a + 1
+                while not (bits >> e) & 1:
+                    e += 1
+                m = e - a
+                for i in range(m):
+                    parts[i] = byte_id[raw[a + i]]
+                    if parts[i] < 0:
+                        ok = False
+                if not ok:
+                    break
+                m = bpe_merge(parts, m, keys, rule_rank, rule_out, V, rk, ri)
+                for i in range(m):
+                    ids[n_ids] = parts[i]
+                    n_ids += 1
+                a = e
+            if not ok:
+                continue
+            prev_end = end
+            prev_nf = n_follow
+            for i in range(r, end):
+                prev_raw[i] = raw[i]
+            for f in range(n_follow):
+                prev_follow[f] = follow[f]
+        # read against the region's tokens and the candidate
+        verdict = FV_VIABLE
+        for k in range(n_exp):
+            want = region_ids[k] if k < n_exp - 1 else t
+            if k >= n_ids or ids[k] != want:
+                verdict = FV_DEAD
+                break
+        out[j] = verdict
