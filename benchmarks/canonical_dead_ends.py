@@ -6,7 +6,7 @@ MaskBench sample (Llama-3), counting walks that reach an empty mask.
 
 Each walk starts a ``GrammarMatcher(compiled, canonical=True)`` on a schema of the sample and takes
 tokens from its mask at random (a stop token 30% of the time when allowed, a token of at most two
-bytes 30%, else any allowed token, seeded), until the grammar ends, the length limit, or an empty
+bytes 30%, else any allowed token, seeded per walk), until the grammar ends, the length limit, or an empty
 mask: a *dead end*, a token allowed earlier that no canonical continuation the grammar accepts can
 follow. Finished walks are decoded and re-encoded by ``tokenizers`` (the oracle): a walk whose ids
 differ is non-canonical. For each dead end the last tokens, the grammar's forced text there and the
@@ -59,7 +59,6 @@ def main():
     comp = GrammarCompiler(info)
     V, stop = info.vocab_size, set(info.stop_token_ids)
     tb = info.token_bytes
-    rng = random.Random(a.seed)
     walks = done = bad = dead = steps = 0
     deads = []
     t0 = time.time()
@@ -72,7 +71,10 @@ def main():
             c = comp.compile_json_schema(schema)
         except Exception:  # noqa: BLE001 - schemas the compiler refuses are not walked
             continue
-        for _ in range(a.walks):
+        for w in range(a.walks):
+            # one generator per walk: a mask that changes in one walk leaves the others as they were
+            # (runs of two versions compare walk by walk)
+            rng = random.Random(f"{a.seed}:{sid}:{w}")
             m = GrammarMatcher(c, canonical=ct)
             ids: list[int] = []
             walks += 1

@@ -884,6 +884,8 @@ class CanonicalTokenizer:
 
 
 _NO_CONFLICTS: dict = {}
+#: rows of "any byte may follow" (:meth:`CanonicalState._boundary_verdicts_along`)
+_ANY_NEXT = np.full((64, 8), 0xFFFFFFFF, np.uint32)
 
 
 def _ids_of(words: np.ndarray, limit: int):
@@ -1335,7 +1337,6 @@ class CanonicalState:
             ct = self.ct
             memo: dict = {}
             verdicts = ct._forced_verdicts
-            here = None
             self._matcher = matcher
             # verdicts that asked the grammar nothing are the tokenizer's alone: kept per tokenizer
             # (``memo`` is shared by the candidates, so none is kept once one asked)
@@ -1344,20 +1345,33 @@ class CanonicalState:
             # moves (CERTAIN) is the only one: the canonical tokenization of the text up to that
             # boundary is unique, and the shorter candidates all end before it
             unique = False
+            cands = []
             for k in range(min(len(forced) - 1, ct.max_token_len), 0, -1):
                 t = ct.token_of_bytes.get(forced[:k])
-                if t is None or not (words[t >> 5] >> np.uint32(t & 31)) & 1:
-                    continue
+                if t is not None and (words[t >> 5] >> np.uint32(t & 31)) & 1:
+                    cands.append((k, t))
+            if cands:
+                here = (self._region(), self.last, self.pending)
+                keys = [(here, t, forced) for _k, t in cands]
+                oks = [verdicts.get(key) for key in keys]
+                miss = [i for i, ok in enumerate(oks) if ok is None]
+                if miss:
+                    # those whose forced text reaches a boundary no future moves: one compiled call
+                    fv = self._boundary_verdicts_along(forced, [cands[i] for i in miss])
+                    if fv is not None:
+                        if len(verdicts) > 100_000:
+                            verdicts.clear()
+                        for i, v in zip(miss, fv):
+                            if v >= 0:
+                                oks[i] = verdicts[keys[i]] = CERTAIN if v == FV_VIABLE else False
+            for i, (k, t) in enumerate(cands):
                 checked.add(t)
                 if unique:
                     self._drop(words, t)
                     continue
-                if here is None:
-                    here = (self._region(), self.last, self.pending)
-                key = (here, t, forced)
-                ok = verdicts.get(key)
+                ok = oks[i]
                 if ok is None:
-                    ok = self._search_after(t, forced, k, memo, key)
+                    ok = self._search_after(t, forced, k, memo, keys[i])
                 if not ok:
                     self._drop(words, t)
                 elif ok == CERTAIN:
@@ -1456,9 +1470,6 @@ class CanonicalState:
                     drop += hit[probes[~live]].tolist()
             self._drop_many(words, [t for t in drop if t not in checked])
             width = fbuf.shape[1]
-            # the candidates whose forced text reaches a boundary no future moves: decided in one
-            # compiled call (the rest, and without a compiled split program all, are searched)
-            fv = self._boundary_verdicts(hit, flen, fbuf, nxt)
             todo = []
             for i, n in enumerate(fl):
                 # -1 (rejected), 0/-2/-3 (probes): nothing to search
@@ -1468,37 +1479,43 @@ class CanonicalState:
                 b = tb[t]
                 if not b or t in checked:
                     continue
-                v = fv[i] if fv is not None else -1
-                if v == FV_DEAD:
-                    checked.add(t)
-                    self._drop(words, t)
-                    continue
-                if v == FV_VIABLE:
-                    checked.add(t)
-                    continue
-                if n >= width:      # text cut at the limit: its end is unknown (kept)
-                    continue
-                checked.add(t)
                 tail = fbuf[i, :n].tobytes()
-                todo.append((b + tail, -len(b), i, t, tail))
+                # (text cut at the limit: its end is unknown, kept unless a boundary is found in it)
+                todo.append((b + tail, -len(b), i, t, tail, n >= width))
+            # the verdicts are the tokenizer's alone (given the bytes that may follow the forced
+            # text) unless the grammar was asked about a token running past it: memoised per
+            # tokenizer then; those not memoised whose forced text reaches a boundary no future
+            # moves come from one compiled call (the rest are searched)
+            keys = [(here, t, tail, nxt[i].tobytes()) for _x, _n, i, t, tail, _c in todo]
+            oks = [memo.get(k) for k in keys]
+            miss = [j for j, ok in enumerate(oks) if ok is None]
+            if miss:
+                if len(memo) > 100_000:
+                    memo.clear()
+                idx = np.array([todo[j][2] for j in miss], np.int64)
+                fv = self._boundary_verdicts(hit[idx], flen[idx], fbuf[idx], nxt[idx])
+                if fv is not None:
+                    for j, v in zip(miss, fv):
+                        if v >= 0:
+                            oks[j] = memo[keys[j]] = CERTAIN if v == FV_VIABLE else False
             # candidates that spell prefixes of the same text (``n``, ``nu`` before a forced
             # ``null``): longest first, and once one reaches a pre-token boundary no future moves
             # (CERTAIN) the shorter ones are not canonical (as in prune_dead_ends' step 1)
-            todo.sort()
+            order = sorted(range(len(todo)), key=todo.__getitem__)
             certain = None
-            for text, neg_len, i, t, tail in todo:
+            for j in order:
+                text, neg_len, i, t, tail, cut = todo[j]
+                ok = oks[j]
+                if ok is None and cut:
+                    continue
+                checked.add(t)
                 if text == certain:
                     self._drop(words, t)
                     continue
-                # the verdict is the tokenizer's alone (given the bytes that may follow the forced
-                # text) unless the grammar was asked about a token running past it: memoised per
-                # tokenizer then
-                self._next_after = nxt[i]
-                key = (here, t, tail, nxt[i].tobytes())
-                ok = memo.get(key)
                 if ok is None:
+                    self._next_after = nxt[i]
                     self._asked = False
-                    ok = self._search_after(t, text, -neg_len, {}, key)
+                    ok = self._search_after(t, text, -neg_len, {}, keys[j])
                 if not ok:
                     self._drop(words, t)
                 elif ok == CERTAIN:
@@ -1516,6 +1533,25 @@ class CanonicalState:
             ids = self._region_ids = (self.tokens, np.array(self.tokens, np.int64))
         out = self.ct.forced_verdicts(ids[1], hit, flen, fbuf, nxt)
         return out.tolist()
+
+    def _boundary_verdicts_along(self, forced: bytes, cands: list):
+        """:meth:`_boundary_verdicts` of candidates ``(k, t)``, token ``t`` spelling ``forced[:k]``, the
+        rest of ``forced`` being forced after it (and then any byte): FV_VIABLE is CERTAIN here."""
+        from .canonical_split import MAX_LEN
+
+        width = min(len(forced), MAX_LEN)
+        n = len(cands)
+        hit = np.empty(n, np.int64)
+        flen = np.empty(n, np.int64)
+        fbuf = np.zeros((n, width), np.uint8)
+        src = np.frombuffer(forced, np.uint8)
+        for i, (k, t) in enumerate(cands):
+            hit[i] = t
+            m = min(len(forced) - k, width)
+            flen[i] = m
+            fbuf[i, :m] = src[k:k + m]
+        return self._boundary_verdicts(hit, flen, fbuf, _ANY_NEXT[:n] if n <= len(_ANY_NEXT) else
+                                       np.full((n, 8), 0xFFFFFFFF, np.uint32))
 
     def _first_table(self, toks, here: tuple):
         """:meth:`_first_after` of the narrow tokens ``toks`` (ids), as arrays ([n, 8] first
