@@ -12,9 +12,9 @@ what it changes.
    maskbench.py) is stepped through token by token with a plain matcher and a canonical one, in the
    same run, each on the schema compiled by a compiler of its own (neither finds built the lexer
    states the other's masks built); per mask: the plain time and the canonical time. Three passes:
-   new grammars with the canonical side's verdicts cold (but for the regions of one token), new
-   grammars again with them cached, then the second pass's grammars again (lexer states built: a
-   schema a server has seen, from its grammar cache). The grammar kernels are loaded first
+   new grammars with the canonical side's verdicts cold (but for the regions of one token and of a
+   space then whitespace), new grammars again with them cached, then the second pass's grammars
+   again (lexer states built: a schema a server has seen, from its grammar cache). The grammar kernels are loaded first
    on a schema of their own (plain matcher only); the canonical side's are loaded with it (1.).
    Each canonical matcher must accept the canonical token sequence at every step (the exactness
    check of the issue), counted. The startup heap is frozen out of the collector's full
@@ -285,8 +285,8 @@ def main():
     # collection walks that heap (~100 ms), lands in whichever mask is running, plain or canonical,
     # and the first pass's means moved by ~10 us with where they fell
     frozen = freeze_gc_heap()
-    labels = ("first pass (grammars new, the canonical side's caches cold, but for the regions of one token, "
-              "judged with the tokenizer side)",
+    labels = ("first pass (grammars new, the canonical side's caches cold, but for the regions of one token and "
+              "of a space then whitespace, judged with the tokenizer side)",
               "second pass over the same sample (grammars new again; the canonical side's verdicts cached, as in "
               "a running server)",
               "third pass (the second pass's grammars again, their lexer states built: schemas a server has "

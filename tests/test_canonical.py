@@ -548,22 +548,28 @@ def test_byte_level_pre_tokenizer_takes_the_compiled_path(which):
 
 
 def test_regions_of_one_token_are_judged_with_the_tokenizer_side(small_split, tmp_path, monkeypatch):
-    """The regions made of one token's representative are judged when the tokenizer side is built
+    """The regions made of one token's representative, and those of a lone space then whitespace
+    ending in a space or a tab (with their junction), are judged when the tokenizer side is built
     (then read back from the disk cache): every one of them, complete, equal to the Python judge and
     to what a tokenizer side without them computes on demand."""
-    from grammask.grammar.canonical import outside_contractions
+    from grammask.grammar.canonical import CanonicalState, outside_contractions
 
     tok = small_split[1]
     ct = CanonicalTokenizer.from_info(TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path))
     want_keys = {(outside_contractions(r), ()) for r, tl in zip(ct.sig_rep, ct.sig_tail) if not tl} | {("", ())}
-    assert set(ct._base_verdicts) == want_keys and ct.base_region_seconds > 0
+    space = set(ct._space_regions())
+    st = CanonicalState(ct)
+    st.push(ct.token_of_bytes[b" "])
+    st.push(ct.token_of_bytes[b"  "])
+    assert st._region() in space and all(j for _r, j in space)
+    assert set(ct._base_verdicts) == want_keys | space and ct.base_region_seconds > 0
     assert list(tmp_path.rglob("canonregions-*.npz"))
     again = CanonicalTokenizer.from_info(TokenizerInfo.from_huggingface(tok, disk_cache=tmp_path))
     monkeypatch.setattr(CanonicalTokenizer, "precompute_regions", False)
     bare = CanonicalTokenizer.from_info(TokenizerInfo.from_huggingface(tok, disk_cache=False))
     assert not bare._base_verdicts
     rng = random.Random(5)
-    sample = set(rng.sample(sorted(want_keys), min(12, len(want_keys))))
+    sample = set(rng.sample(sorted(want_keys), min(12, len(want_keys)))) | set(sorted(space)[:4])
     for key, v in ct._base_verdicts.items():
         assert (v >= 0).all() and np.array_equal(again._base_verdicts[key], v), key
         assert np.array_equal(bare.sig_verdicts(key), v), key

@@ -413,18 +413,22 @@ class CanonicalTokenizer:
         """The verdicts of every region made of one token's representative, no junction: what the
         region is right after a pre-token boundary (``"``, `` x``, ``\n  ``, ...), so nearly every
         region a request meets first; ~5 ms each in the compiled judge (Llama-3: 397 regions, 1.9 s,
-        0.4 MB), loaded from the disk cache after the first build (~4 ms)."""
+        0.4 MB), loaded from the disk cache after the first build (~4 ms). With them, the regions of
+        a lone space followed by whitespace that may join it (:meth:`_space_regions`)."""
         from .tokenizer_cache import cached_region_verdicts
 
         reps = sorted({outside_contractions(r) for r, tl in zip(self.sig_rep, self.sig_tail) if not tl} | {""})
-        parts = (self.spec.split_pattern or "", str(self.fold_case), *self.sig_rep, ",".join(map(str, self.sig_tail)), *reps)
+        keys = [(r, ()) for r in reps] + self._space_regions()
+        names = [_region_name(k) for k in keys]
+        parts = (self.spec.split_pattern or "", str(self.fold_case), *self.sig_rep, ",".join(map(str, self.sig_tail)),
+                 *names)
 
         def build() -> dict:
-            rows = np.zeros((len(reps), self.n_signatures), np.int8)
-            for i, r in enumerate(reps):
-                rows[i] = self.sig_verdicts((r, ()))
+            rows = np.zeros((len(keys), self.n_signatures), np.int8)
+            for i, k in enumerate(keys):
+                rows[i] = self.sig_verdicts(k)
             self._sig_verdicts.clear()
-            enc = [r.encode("utf-8") for r in reps]
+            enc = [r.encode("utf-8") for r in names]
             off = np.zeros(len(enc) + 1, np.int64)
             np.cumsum([len(e) for e in enc], out=off[1:])
             return {"keys": np.frombuffer(b"".join(enc), np.uint8).copy(), "key_off": off, "verdicts": rows}
@@ -436,8 +440,34 @@ class CanonicalTokenizer:
         for i in range(rows.shape[0]):
             v = np.ascontiguousarray(rows[i])
             if (v >= 0).all():      # complete (never written again)
-                self._base_verdicts[(data[off[i]:off[i + 1]].decode("utf-8"), ())] = v
+                self._base_verdicts[_region_of_name(data[off[i]:off[i + 1]].decode("utf-8"))] = v
         self._sig_verdicts.update(self._base_verdicts)
+
+    def _space_regions(self) -> list:
+        """The regions of a lone space token followed by a whitespace token ending in a space or a
+        tab (``' '`` + ``'  '``): Llama-3 and Qwen cut digits from the space before them, so ``' '``
+        alone is the region before every number after ``": "``, and where the grammar allows more
+        whitespace there the one-step lookahead reads each such token after it (its row of what may
+        follow canonically: :meth:`CanonicalState._first_after`, ~3 ms a region not judged before;
+        39 of them were ~12 us a mask of the MaskBench sample's first pass). Llama-3: 221 regions."""
+        u = self.token_of_bytes.get(b" ")
+        if u is None or not self.n_narrow:
+            return []
+        tb = self.info.token_bytes
+        wsb = frozenset(b" \t\n\r\x0b\x0c")
+        st = CanonicalState(self)
+        out = {}
+        for w in np.flatnonzero(self.narrow_index >= 0).tolist():
+            if not all(c in wsb for c in tb[w]):
+                continue
+            st.reset()
+            st.push(u)
+            st.push(w)
+            if not st.pending:
+                k = st._region()
+                if k[1]:
+                    out[k] = None
+        return list(out)
 
     def _load_kernels(self) -> None:
         """Load (the first time on a machine: compile, then cached on disk) the kernels of the
@@ -886,6 +916,20 @@ class CanonicalTokenizer:
 _NO_CONFLICTS: dict = {}
 #: rows of "any byte may follow" (:meth:`CanonicalState._boundary_verdicts_along`)
 _ANY_NEXT = np.full((64, 8), 0xFFFFFFFF, np.uint32)
+
+
+def _region_name(key: tuple) -> str:
+    """A region key (representative, junctions) as one string (the disk cache's key)."""
+    rep, junc = key
+    return rep if not junc else rep + "\x00" + ",".join(f"{p}:{int(ok)}" for p, ok in junc)
+
+
+def _region_of_name(name: str) -> tuple:
+    """:func:`_region_name` inverted."""
+    rep, sep, rest = name.partition("\x00")
+    if not sep:
+        return (rep, ())
+    return (rep, tuple((int(p), bool(int(ok))) for p, ok in (x.split(":") for x in rest.split(","))))
 
 
 def _ids_of(words: np.ndarray, limit: int):
