@@ -1458,9 +1458,8 @@ class CanonicalState:
     #: ``20`` where a pattern wants four digits
     digit_lookahead = True
     #: :meth:`_prune_forced_after` runs on masks of at most this many non-zero words (a JSON
-    #: value's first token, ~1,400 tokens, is a mask of ~1,000 words: left out; a key's first
-    #: token after whitespace, or a value's after a key, is read. 16 until session 47: 39 -> 24
-    #: dead ends in the walks, first pass 1.85 -> 1.90x, 512 costs 2.36x; docs/fast-forward.md
+    #: value's first token, ~1,400 tokens, is a mask of ~1,000 words: left out. 16 until session
+    #: 47: 39 -> 24 dead ends in the walks, first pass +0.05x; 512: +0.5x; docs/fast-forward.md
     #: section 11)
     forced_after_words = 256
     #: and looks this far into the text the grammar forces after a candidate
