@@ -14,8 +14,9 @@ what it changes.
    states the other's masks built); per mask: the plain time and the canonical time. Three passes:
    new grammars with the canonical side's verdicts cold (but for the regions of one token and of a
    space then whitespace), new grammars again with them cached, then the second pass's grammars
-   again (lexer states built: a schema a server has seen, from its grammar cache). The grammar kernels are loaded first
-   on a schema of their own (plain matcher only); the canonical side's are loaded with it (1.).
+   again (lexer states built: a schema a server has seen, from its grammar cache). The grammar
+   kernels are loaded first on a schema of their own (plain matcher only); the canonical side's
+   are loaded with it (1.).
    Each canonical matcher must accept the canonical token sequence at every step (the exactness
    check of the issue), counted. The startup heap is frozen out of the collector's full
    collections first (``gc.freeze``, as a server after its start and maskbench.py's workers); the
