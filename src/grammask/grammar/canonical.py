@@ -56,6 +56,8 @@ _any_outside = FastCall(any_outside)
 _narrow_witnessed = FastCall(narrow_witnessed)
 _forced_verdicts = FastCall(forced_verdicts)
 _CONTRACTION = frozenset("strevmld")
+#: the bytes of a token of whitespace alone
+_WS_BYTES = frozenset(b" \t\n\r\x0b\x0c")
 #: the follower tables of the one-step lookahead kept per tokenizer (one per state before a narrow
 #: token: CanonicalState._first_table; the MaskBench sample's passes make 14)
 MAX_FIRST_TABLES = 1024
@@ -455,7 +457,7 @@ class CanonicalTokenizer:
         if u is None or not self.n_narrow:
             return []
         tb = self.info.token_bytes
-        wsb = frozenset(b" \t\n\r\x0b\x0c")
+        wsb = _WS_BYTES
         st = CanonicalState(self)
         out = {}
         for w in np.flatnonzero(self.narrow_index >= 0).tolist():
@@ -804,7 +806,7 @@ class CanonicalTokenizer:
         # tokens of whitespace alone ending in a space or a tab: the last whitespace before a word
         # or a sign joins it in a pre-token, so what may follow them canonically is narrow (digits,
         # the end): CanonicalState.prune_dead_ends reads what the grammar allows after them
-        wsb = frozenset(b" \t\n\r\x0b\x0c")
+        wsb = _WS_BYTES
         nar = np.array([t for t in reach if tb[t] and tb[t][-1] in (0x20, 0x09) and all(c in wsb for c in tb[t])],
                        np.int64)
         self.narrow_words = _words_of(nar, self.n_words)
@@ -915,8 +917,6 @@ class CanonicalTokenizer:
 
 
 _NO_CONFLICTS: dict = {}
-#: rows of "any byte may follow" (:meth:`CanonicalState._boundary_verdicts_along`)
-_ANY_NEXT = np.full((64, 8), 0xFFFFFFFF, np.uint32)
 
 
 def _region_name(key: tuple) -> str:
@@ -1597,8 +1597,7 @@ class CanonicalState:
             m = min(len(forced) - k, width)
             flen[i] = m
             fbuf[i, :m] = src[k:k + m]
-        return self._boundary_verdicts(hit, flen, fbuf, _ANY_NEXT[:n] if n <= len(_ANY_NEXT) else
-                                       np.full((n, 8), 0xFFFFFFFF, np.uint32))
+        return self._boundary_verdicts(hit, flen, fbuf, np.full((n, 8), 0xFFFFFFFF, np.uint32))
 
     def _first_table(self, toks, here: tuple):
         """:meth:`_first_after` of the narrow tokens ``toks`` (ids), as arrays ([n, 8] first

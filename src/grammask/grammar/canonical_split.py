@@ -873,17 +873,8 @@ def forced_verdicts(region_ids, hit, flen, fbuf, nxt, data, off, code, pair, la,
         end = r + p
         # the text (and its next characters) of the hit before: the same tokenization (the
         # candidates spelling prefixes of one forced text come one after another)
-        same = end == prev_end and n_follow == prev_nf
-        if same:
-            for i in range(r, end):
-                if raw[i] != prev_raw[i]:
-                    same = False
-                    break
-        if same:
-            for f in range(n_follow):
-                if follow[f] != prev_follow[f]:
-                    same = False
-                    break
+        same = end == prev_end and n_follow == prev_nf and np.array_equal(raw[r:end], prev_raw[r:end]) and \
+            np.array_equal(follow[:n_follow], prev_follow[:n_follow])
         if not same:
             prev_end = -1
             # the pre-tokens up to the boundary, the same under every next character: the chain
@@ -935,10 +926,8 @@ def forced_verdicts(region_ids, hit, flen, fbuf, nxt, data, off, code, pair, la,
                 continue
             prev_end = end
             prev_nf = n_follow
-            for i in range(r, end):
-                prev_raw[i] = raw[i]
-            for f in range(n_follow):
-                prev_follow[f] = follow[f]
+            prev_raw[r:end] = raw[r:end]
+            prev_follow[:n_follow] = follow[:n_follow]
         # read against the region's tokens and the candidate
         verdict = FV_VIABLE
         for k in range(n_exp):
