@@ -952,23 +952,31 @@ def test_forced_after_skip_cache_changes_nothing():
     """:meth:`GrammarMatcher.forced_after_words` keeps per lexer state only candidates without
     forced text from any parser state over that lexer state, so the kept ones give the same hits
     as none kept at every step of random walks (Llama-3, literals, an enum and forced keys,
-    whitespace allowed)."""
+    whitespace allowed). Both kinds of kept tokens are met: read from the current lexer state by
+    lexer moves alone, and read from the state the next lexeme starts in where their first byte
+    ends the current lexeme (kept on that state's row)."""
     info, _tok, _encode = _llama()
     compiled = GrammarCompiler(info).compile_json_schema(_FORCED_SCHEMA)
     rng = random.Random(11)
     tb = info.token_bytes
-    steps = skipped = 0
+    nw = (info.vocab_size + 31) // 32
+    steps = skipped = after_end = 0
     for _ in range(8):
         m = GrammarMatcher(compiled)
         for _ in range(80):
             cand = _allowed(m, info.vocab_size)
             if m.is_terminated() or len(cand) == 0:
                 break
-            words = np.zeros((info.vocab_size + 31) // 32, np.uint32)
+            words = np.zeros(nw, np.uint32)
             m.fill_words(words)
-            skipped += int(np.unpackbits((m._forced_skip() & words).view(np.uint8)).sum())
+            own = int(np.unpackbits((m._forced_skip() & words).view(np.uint8)).sum())
+            skipped += own
             kept = m.forced_after_words(words, 24)
+            read = m._fa_read
             fresh = m.forced_after_words(words, 24, cached=False)
+            # passed over beyond the current state's row: on the row of the state the next lexeme
+            # starts in (the uncached call reads every candidate)
+            after_end += m._fa_read - own - read
             a, b = np.argsort(kept[0]), np.argsort(fresh[0])
             for x, y in zip(kept, fresh):
                 assert np.array_equal(x[a], y[b])
@@ -976,7 +984,7 @@ def test_forced_after_skip_cache_changes_nothing():
             short = [int(c) for c in cand if 0 < len(tb[c]) <= 2]
             t = rng.choice(short) if short and rng.random() < 0.5 else int(rng.choice(cand))
             assert m.accept_token(t)
-    assert steps > 100 and skipped > 1000, (steps, skipped)
+    assert steps > 100 and skipped > 1000 and after_end > 1000, (steps, skipped, after_end)
 
 
 @pytest.mark.parametrize("rule", [True, False])

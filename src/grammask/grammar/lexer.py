@@ -1064,9 +1064,11 @@ class Lexer:
             arrays += mc.nbytes
         for m in list(self.__dict__.get("canonical_memos", {}).values()):   # (canonical.LookaheadMemo)
             arrays += m.nbytes
-        for name in ("_forced_skip", "_narrow_live"):    # (GrammarMatcher._per_lexer_state)
-            for a in list(self.__dict__.get(name, {}).values()):
-                arrays += a.nbytes
+        for a in list(self.__dict__.get("_narrow_live", {}).values()):    # (GrammarMatcher._per_lexer_state)
+            arrays += a.nbytes
+        pool = self.__dict__.get("_skip_pool")      # (GrammarMatcher._skip_pool)
+        if pool is not None:
+            arrays += pool.bits.nbytes + pool.slot_of.nbytes
         if self.eager:   # the compiled expansion's lexeme DFAs and member store
             arrays += lexdfa.dfas_bytes(self._X) + sum(a.nbytes for a in self._D)
         return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members

@@ -783,18 +783,129 @@ def jump_forward(s, h, lex_len, G, L, P, M, buf, ok, XE):
 
 
 @njit(nogil=True, cache=True)
-def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, nend, nknown, nfresh, nlive, rank,
-                 data, off, order, ok, cand, out_n, hit, flen, fbuf, nxt, XE):
+def _row_start(k, h, cache_top, G, L, P, M):
+    """(status, the lexer state the parser starts the next lexeme in after a lexeme of the
+    accepted set ``k`` ends over ``h`` rows (< 0: none), cache_top): :func:`step_end`'s first
+    half (the caller checked that row ``h + 1`` exists)."""
+    if h < cache_top and P.row_key[h] == k:
+        s2 = P.row_ls[h]
+    else:
+        st = compute_row(h, k, G, L, P, M)
+        if st != OK:
+            return st, -1, h
+        cache_top = h + 1
+        s2 = P.row_ls[h]
+    if s2 == -2:
+        s2 = resolve_row_start(h, G, L, P, M)
+    return OK, s2, cache_top
+
+
+@njit(nogil=True, cache=True)
+def _end_and_bytes(s, h, G, L, P, M, out):
+    """(:func:`can_end`, :func:`allowed_bytes`) at (s, h) after at least one byte of the lexeme:
+    the row the lexeme would end in built once, then read for every byte the lexer does not."""
+    trans = L.trans
+    k = L.state_acc[s]
+    s2 = -1
+    e = 0
+    if k >= 0:
+        if h + 2 > P.row_beg.shape[0]:
+            return GROW_ROWS, 0
+        st = compute_row(h, k, G, L, P, M)
+        if st == OK:
+            e = P.row_acc[h]
+            s2 = P.row_ls[h]
+            if s2 == -2:
+                s2 = resolve_row_start(h, G, L, P, M)
+            if s2 == -2 or s2 * 256 >= trans.shape[0]:
+                # not registered yet (recorded), or by another thread after our arrays were taken
+                return MISSING, 0
+        elif st != REJECT:
+            return st, 0
+    incomplete = False
+    base = s * 256
+    for b in range(256):
+        t = trans[base + b]
+        if t >= 0:
+            out[b] = 1
+            continue
+        out[b] = 0
+        if t == -2:
+            _record_state(M, s)
+            incomplete = True
+        elif s2 >= 0:
+            t2 = trans[s2 * 256 + b]
+            if t2 >= 0:
+                out[b] = 1
+            elif t2 == -2:
+                _record_state(M, s2)
+                incomplete = True
+    return (MISSING if incomplete else OK), e
+
+
+@njit(nogil=True, cache=True)
+def _end_fans_out(s, h, cache_top, G, L, P, M, order):
+    """Whether the text may end at (s, h) or two bytes or more may come next: (status, 2 if so,
+    else how many bytes may come (0 or 1), cache_top). The row the lexeme of ``s`` ends in is
+    taken from the rows below ``cache_top`` where its key matches (as :func:`step_end`), else
+    built; the bytes are scanned in ``order`` and the scan stops at the second one."""
+    k = L.state_acc[s]
+    if k >= 0:
+        if not (h < cache_top and P.row_key[h] == k):
+            if h + 2 > P.row_beg.shape[0]:
+                return GROW_ROWS, 0, cache_top
+            st = compute_row(h, k, G, L, P, M)
+            if st == REJECT:
+                cache_top = h
+            elif st != OK:
+                return st, 0, h
+            else:
+                cache_top = h + 1
+        if h < cache_top and P.row_acc[h]:
+            return OK, 2, cache_top
+    trans = L.trans
+    base = s * 256
+    cnt = 0
+    incomplete = False
+    for i in range(256):
+        b = order[i]
+        t = trans[base + b]
+        if t == -1 and k < 0:
+            continue
+        if t >= 0:
+            st = OK
+        else:
+            st, _t, _h, cache_top = step_slow(b, s, h, cache_top, G, L, P, M)
+        if st == OK:
+            cnt += 1
+            if cnt == 2:
+                return OK, 2, cache_top
+        elif st == MISSING:
+            incomplete = True
+        elif st != REJECT:
+            return st, 0, cache_top
+    return (MISSING if incomplete else OK), cnt, cache_top
+
+
+@njit(nogil=True, cache=True)
+def forced_after(s, h, lex_len, G, L, P, M, words, pool, slot_of, probe, nidx, nfirst, nend, nknown, nfresh, nlive,
+                 rank, data, off, order, ok, cand, out_n, hit, flen, fbuf, nxt, XE):
     """The bytes the grammar forces right after each candidate token read from (s, h): the
-    candidates are the set bits of ``words`` not set in ``skip`` (token ``t``'s bytes being
-    ``data[off[t]:off[t + 1]]``). A candidate after which something is forced (as
+    candidates are the set bits of ``words`` not known to have nothing forced after them (token
+    ``t``'s bytes being ``data[off[t]:off[t + 1]]``; what is known: below). A candidate after which something is forced (as
     :func:`jump_forward` from there, at most ``fbuf.shape[1]`` bytes) or that the grammar rejects
     is a hit: hit ``j`` is token ``hit[j]``, its forced bytes ``fbuf[j, :flen[j]]`` (``flen[j]``
     -1: rejected) and the bytes that may follow them as bits in ``nxt[j]`` (8 words);
     ``out_n[0]`` counts the hits, ``out_n[1]`` is set when there were more than the arrays hold.
     A candidate read by lexer moves alone, after which the lexer alone reads two bytes, has no
-    forced text from any parser state over lexer state ``s``: its bit is set in ``skip`` (a fact
-    of ``s``, kept by the caller). Rows above ``h`` are scratch, so every candidate starts from
+    forced text from any parser state over lexer state ``s``: its bit is set in ``skip``, row
+    ``slot_of[s]`` of ``pool`` (a fact of ``s``, kept by the caller; no row: nothing known, nothing
+    kept). The same holds after the lexeme of ``s`` ends: a candidate whose first byte ends it
+    (``s`` reads no such byte) is read from the lexer state that the parser starts the next
+    lexeme in, ``s2``, and its bit in ``s2``'s row is the same fact of ``s2``: read from there,
+    and set there when the lexer alone read it (``out_n[2]``: ``s2`` where it has no row yet, for
+    the caller to give it one; else -1; ``out_n[3]``: how many candidates were read). Rows above
+    ``h`` are scratch, so every candidate starts from
     the same parser state. ``cand`` is scratch (one entry per token). A candidate whose bit is set
     in ``probe`` and after which nothing is forced is a hit too: ``flen[j]`` 0, or -2 when the
     grammar may end right after it, and ``nxt[j]`` the bytes that may follow it (the one-step
@@ -810,18 +921,55 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
     calling again). ``XE``: as :func:`fill_mask`'s (with an expander, the states met are built
     as they are met: the forced text after a new structure meets one per byte, each a Python
     round of the read-only variant)."""
+    out_n[0] = 0
+    out_n[1] = 0
+    out_n[2] = -1
+    slot = slot_of[s] if s < slot_of.shape[0] else -1
+    skip = pool[slot] if slot >= 0 else pool[0]     # (read only where slot >= 0)
+    # the lexer state the next lexeme starts in when the lexeme of s ends (a row computed now,
+    # as the first candidate ending it would: kept below cache_top for the candidates)
+    cache_top = row_top(P, h)
+    slot2 = -1
+    k0 = L.state_acc[s]
+    incomplete = False
+    if k0 >= 0 and h + 2 <= P.row_beg.shape[0]:
+        m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
+        st2, s2, cache_top = _row_start(k0, h, cache_top, G, L, P, M)
+        if st2 == MISSING and inline_resolve(XE, M, m0, m1, m2):
+            st2, s2, cache_top = _row_start(k0, h, cache_top, G, L, P, M)
+        if st2 == MISSING:
+            incomplete = True       # (the driver builds it: the candidates go on without it)
+        elif st2 != OK and st2 != REJECT:
+            return st2
+        if st2 == OK and s2 >= 0 and s2 * 256 < L.trans.shape[0]:
+            slot2 = slot_of[s2] if s2 < slot_of.shape[0] else -1
+            if slot2 < 0:
+                out_n[2] = s2
     n = 0
+    base = s * 256
     for w in range(words.shape[0]):
-        v = words[w] & (~skip[w] | probe[w])
+        v = words[w] & probe[w]
+        if slot >= 0:
+            v |= words[w] & ~skip[w]
+        else:
+            v = words[w]
+        if slot2 >= 0:
+            # known after the lexeme of s ends, where the first byte ends it
+            u = v & pool[slot2, w] & ~probe[w]
+            while u:
+                low = u & (~u + np.uint32(1))
+                u ^= low
+                t = w * 32 + _low_bit(low)
+                if off[t + 1] > off[t] and L.trans[base + data[off[t]]] == -1:
+                    v ^= low
         if v:
             for k in range(32):
                 if (v >> np.uint32(k)) & np.uint32(1):
                     cand[n] = w * 32 + k
                     n += 1
-    out_n[0] = 0
-    out_n[1] = 0
+    out_n[3] = n
     if n == 0:
-        return OK
+        return MISSING if incomplete else OK
     # candidates in byte order share their common prefix with the one before: the states along
     # the previous one's bytes are kept (rows below a state's height are never rebuilt by the
     # steps after it; the rows a candidate built stay valid for the next one where their keys
@@ -837,13 +985,11 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
     ph = np.empty(longest + 1, np.int64)
     ps[0] = s
     ph[0] = h
-    cache_top = row_top(P, h)
     prev = -1
     prev_ok = 0         # states known along the previous candidate's bytes, ps[0..prev_ok]
     nh = 0
     # a state not built yet is recorded and its candidate passed over: the driver builds all of
     # them and calls again (once or twice, not once per state)
-    incomplete = False
     for i in range(n):
         t = cand[byrank[i]]
         a = off[t]
@@ -857,7 +1003,9 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
         cs = ps[d]
         ch = ph[d]
         if d:
-            cache_top = min(cache_top, ch)
+            # the rows below ch are the shared prefix's; row ch is a function of them and its key
+            # (kept where the key matches, as the steps do)
+            cache_top = min(cache_top, ch + 1)
         rejected = False
         missing = False
         k = d
@@ -898,7 +1046,11 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                 continue
             if live == 2:
                 if ch == h:
-                    skip[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+                    if slot >= 0:
+                        skip[t >> 5] |= np.uint32(1) << np.uint32(t & 31)
+                elif slot2 >= 0 and ch == h + 1 and ph[1] == h + 1:
+                    # the lexeme of s ended at the first byte, the rest read by lexer moves
+                    pool[slot2, t >> 5] |= np.uint32(1) << np.uint32(t & 31)
                 if not (probe[t >> 5] >> np.uint32(t & 31)) & np.uint32(1):
                     continue
                 # a probe whose verdict is known is decided here; an unknown one goes on to the
@@ -934,9 +1086,24 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
             flen[nh] = -1
         else:
             # jump_forward's loop, keeping the state it ends in
-            cache_top = min(cache_top, ch)   # the loop rebuilds the rows from ch up
             ll = lex_len + ln
             m = 0
+            if not (probe[t >> 5] >> np.uint32(t & 31)) & np.uint32(1):
+                # most candidates end where two bytes may come (or the text may end): asked with
+                # the row the lexeme would end in kept (between candidates too), the scan
+                # stopping at the second byte; one byte alone goes on below
+                m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
+                st, cnt, cache_top = _end_fans_out(cs, ch, cache_top, G, L, P, M, order)
+                if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                    st, cnt, cache_top = _end_fans_out(cs, ch, cache_top, G, L, P, M, order)
+                if st == MISSING:
+                    incomplete = True
+                    continue
+                if st != OK:
+                    return st
+                if cnt >= 2:
+                    continue
+            cache_top = min(cache_top, ch)   # the loop rebuilds the rows from ch up
             while True:
                 if m < fbuf.shape[1] and L.state_acc[cs] < 0:
                     # inside a lexeme that cannot end here (``ull`` after ``n``): one lexer move
@@ -949,12 +1116,7 @@ def forced_after(s, h, lex_len, G, L, P, M, words, skip, probe, nidx, nfirst, ne
                         ll += 1
                         continue
                 m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
-                st, e = can_end(cs, ch, ll, G, L, P, M)
-                if st != OK:
-                    if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
-                        continue
-                    return st
-                st = allowed_bytes(cs, ch, G, L, P, M, ok)
+                st, e = _end_and_bytes(cs, ch, G, L, P, M, ok)
                 if st != OK:
                     if st == MISSING and inline_resolve(XE, M, m0, m1, m2):
                         continue

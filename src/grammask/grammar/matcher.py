@@ -7,6 +7,7 @@ the compiled grammar's lexer, which only grows (under a lock).
 """
 from __future__ import annotations
 
+import threading
 from collections import deque
 
 import numpy as np
@@ -49,6 +50,58 @@ _FILL_ERROR = "internal error: the mask kernel did not settle"
 #: :meth:`GrammarMatcher.state_key` is None past this many int32 (the reachable rows' items)
 STATE_KEY_MAX_LEN = 1 << 16
 _INT32 = np.dtype(np.int32)
+
+
+class SkipPool:
+    """The tokens :meth:`GrammarMatcher.forced_after_words` knows to have no forced text, per
+    lexer state (a fact of the lexer state: see :func:`.mask.forced_after`), kept on the lexer:
+    row ``slot_of[s]`` of ``bits`` for state ``s`` (-1: none). Rows are given here, under the GIL,
+    never inside the kernel, and a full pool (:data:`MAX_SKIP_STATES` rows, 16 KB each on a 128k
+    vocabulary, counted in :meth:`.Lexer.held_bytes`) is replaced by a new empty one, never
+    cleared in place: a kernel running in another thread keeps its arrays and the facts in
+    them."""
+
+    __slots__ = ("bits", "slot_of", "used", "n_words", "_lock")
+
+    def __init__(self, n_words: int, cap: int = 16, n_states: int = 1024):
+        self._lock = threading.Lock()
+        self.n_words = n_words
+        self.bits = np.zeros((cap, n_words), np.uint32)
+        self.slot_of = np.full(n_states, -1, np.int64)
+        self.used = 0
+
+    def slot(self, s: int) -> int:
+        """State ``s``'s row (given now if it has none: zeros)."""
+        if s < self.slot_of.shape[0]:
+            k = int(self.slot_of[s])
+            if k >= 0:
+                return k
+        with self._lock:
+            return self._give(s)
+
+    def _give(self, s: int) -> int:
+        if s < self.slot_of.shape[0] and self.slot_of[s] >= 0:
+            return int(self.slot_of[s])
+        if self.used == self.bits.shape[0]:
+            if self.used >= MAX_SKIP_STATES:
+                self.bits = np.zeros((16, self.n_words), np.uint32)
+                self.slot_of = np.full(self.slot_of.shape[0], -1, np.int64)
+                self.used = 0
+            else:
+                bits = np.zeros((min(2 * self.used, MAX_SKIP_STATES), self.n_words), np.uint32)
+                bits[: self.used] = self.bits[: self.used]
+                self.bits = bits
+        if s >= self.slot_of.shape[0]:
+            grown = np.full(max(2 * self.slot_of.shape[0], s + 1), -1, np.int64)
+            grown[: self.slot_of.shape[0]] = self.slot_of
+            self.slot_of = grown
+        k = self.used
+        self.used += 1
+        self.slot_of[s] = k
+        return k
+
+
+_NO_SLOTS = np.zeros(0, np.int64)
 
 
 class GrammarMatcher:
@@ -468,7 +521,12 @@ class GrammarMatcher:
         (:meth:`narrow_live`)."""
         self._sync()
         nw = words.shape[0]
-        skip = self._forced_skip(nw) if cached else np.zeros(nw, np.uint32)
+        if cached:
+            pool = self._skip_pool(nw)
+            pool.slot(self._s)
+            bits, slot_of = pool.bits, pool.slot_of
+        else:
+            bits, slot_of = np.zeros((1, nw), np.uint32), _NO_SLOTS
         if probe is None:
             probe = _NO_PROBE.get(nw)
             if probe is None:
@@ -487,14 +545,17 @@ class GrammarMatcher:
             cand = self._fa_cand = np.empty(nw * 32, np.int64)     # scratch, one entry per token
         cap = 256
         while True:
-            out_n = np.zeros(2, np.int64)
+            out_n = np.zeros(4, np.int64)
             hit = np.empty(cap, np.int64)
             flen = np.zeros(cap, np.int64)
             fbuf = np.zeros((cap, max_bytes), np.uint8)
             nxt = np.zeros((cap, 8), np.uint32)
             self._call_building(_forced_after, _forced_after_x, (self._s, self._h, self._lex_len),
-                                (words, skip, probe, *known, live, rank, data, off, _SCAN_ORDER, self._ok, cand, out_n,
-                                 hit, flen, fbuf, nxt))
+                                (words, bits, slot_of, probe, *known, live, rank, data, off, _SCAN_ORDER, self._ok, cand,
+                                 out_n, hit, flen, fbuf, nxt))
+            if cached and out_n[2] >= 0:
+                pool.slot(int(out_n[2]))      # (kept from the next call on)
+            self._fa_read = int(out_n[3])     # (how many candidates the last call read)
             if not out_n[1]:
                 k = int(out_n[0])
                 return hit[:k], flen[:k], fbuf[:k], nxt[:k]
@@ -508,10 +569,19 @@ class GrammarMatcher:
 
     def _forced_skip(self, n_words: int | None = None) -> np.ndarray:
         """The tokens :meth:`forced_after_words` knows to have no forced text from the current
-        lexer state (bits over the vocabulary), kept on the lexer: at most
-        :data:`MAX_SKIP_STATES` states a lexer, 16 KB each on a 128k vocabulary (counted in
-        :meth:`.Lexer.held_bytes`)."""
-        return self._per_lexer_state("_forced_skip", n_words)
+        lexer state (bits over the vocabulary; a view of its row in :meth:`_skip_pool`)."""
+        pool = self._skip_pool(n_words or (self.vocab_size + 31) // 32)
+        k = pool.slot(self._s)      # (first: it may grow the pool)
+        return pool.bits[k]
+
+    def _skip_pool(self, n_words: int) -> "SkipPool":
+        """The lexer's :class:`SkipPool` (made at the first use)."""
+        self._sync()
+        lexer = self._lexer
+        pool = lexer.__dict__.get("_skip_pool")
+        if pool is None or pool.bits.shape[1] != n_words:
+            pool = lexer.__dict__["_skip_pool"] = SkipPool(n_words)
+        return pool
 
     def _per_lexer_state(self, name: str, n_words: int | None) -> np.ndarray:
         """The bits over the vocabulary kept on the lexer under ``name`` for the current lexer
