@@ -810,6 +810,9 @@ class CanonicalTokenizer:
         nar = np.array([t for t in reach if tb[t] and tb[t][-1] in (0x20, 0x09) and all(c in wsb for c in tb[t])],
                        np.int64)
         self.narrow_words = _words_of(nar, self.n_words)
+        #: tokens of whitespace alone (left out where CanonicalState reads a wide mask's candidates)
+        self.ws_words = _words_of(np.array([t for t in reach if tb[t] and all(c in wsb for c in tb[t])], np.int64),
+                                  self.n_words)
         #: token id -> its index among the narrow tokens (-1: not one)
         self.narrow_index = np.full(self.vocab_size, -1, np.int64)
         self.narrow_index[nar] = np.arange(len(nar))
@@ -1280,15 +1283,17 @@ class CanonicalState:
                 narrow = d if narrow is None else narrow | d
         # wide: only the narrow candidates are read (if any)
         wide = nz > 512 and nz > self.forced_after_words
+        # (a mask of at most forced_after_wide_words words has its candidates read but whitespace)
+        read = nz <= self.forced_after_wide_words
         if wide:
-            if narrow is None:
+            if narrow is None and not read:
                 return
             one = False
         else:
             # two forced bytes or more: every allowed token starts with the first (a stop token,
             # or two first bytes, and nothing is forced)
             one = nz <= 512 and self.ct.one_first_byte(words)
-            if not one and nz > self.forced_after_words and nz > self.lookahead_limit and narrow is None:
+            if not one and nz > self.forced_after_words and nz > self.lookahead_limit and narrow is None and not read:
                 # nothing to search: no forced text, nor the text forced after each candidate,
                 # nor a candidate list (more non-zero words than the list may hold tokens)
                 return
@@ -1348,7 +1353,7 @@ class CanonicalState:
         if memos is None:
             memos = lexer.__dict__.setdefault("canonical_memos", {})
         cfg = (self.ct, self.lookahead_limit, self.lookahead_depth, self.lookahead_budget, self.forced_after_words,
-               self.forced_after_bytes, self.narrow_lookahead, self.digit_lookahead, matcher._stop_set,
+               self.forced_after_wide_words, self.forced_after_bytes, self.narrow_lookahead, self.digit_lookahead, matcher._stop_set,
                matcher.terminate_without_stop_token)
         m = memos.get(cfg)
         if m is None:
@@ -1422,7 +1427,7 @@ class CanonicalState:
                 elif ok == CERTAIN:
                     unique = True
             self._matcher = None
-        if nz <= self.forced_after_words or narrow is not None:
+        if nz <= self.forced_after_wide_words or narrow is not None:
             self._prune_forced_after(matcher, words, checked, narrow)
         # more words than tokens the search may take (counted again: the searches above may
         # have dropped some)
@@ -1463,6 +1468,9 @@ class CanonicalState:
     #: 47: 39 -> 24 dead ends in the walks, first pass +0.05x; 512: +0.5x; docs/fast-forward.md
     #: section 11)
     forced_after_words = 256
+    #: and on the candidates that are not whitespace alone of masks of at most this many
+    #: (a JSON value's first token; the whitespace beside a key's first letters)
+    forced_after_wide_words = 1024
     #: and looks this far into the text the grammar forces after a candidate
     forced_after_bytes = 24
 
@@ -1481,22 +1489,32 @@ class CanonicalState:
         ending in a space), a one-step lookahead: dropped when no token canonical after them
         starts with a byte the grammar allows there (and the text may not end there). A mask
         wider than ``forced_after_words`` words has only these read."""
-        small = narrow is None or np.count_nonzero(words) <= self.forced_after_words
+        nzw = np.count_nonzero(words)
+        small = nzw <= self.forced_after_words
+        # wider: the candidates that are not whitespace alone (and the narrow ones)
+        read = not small and nzw <= self.forced_after_wide_words
         here = (self._region(), self.last, self.pending)
         known = None
+        ct = self.ct
         if narrow is not None:
-            ct = self.ct
             tab = self._first_table(None, here)
             # the narrow candidates whose verdict the mask itself shows (short whitespace) or the
             # lexer state kept are not read again: neither the grammar's next bytes nor forced text
             if _narrow_witnessed(words, narrow, ct.narrow_index, tab[0], tab[2], ct.ext_bits, ct.ext_tok,
                                  matcher.narrow_live(words.shape[0]), tab[4]):
                 known = (ct.narrow_index, *tab[:4])
-            elif small:
+            elif small or read:
                 narrow = None
             else:
                 return
-        sel = words if small else narrow
+        if small:
+            sel = words
+        elif read:
+            sel = words & ~ct.ws_words
+            if narrow is not None:
+                sel |= narrow
+        else:
+            sel = narrow
         hit, flen, fbuf, nxt = matcher.forced_after_words(sel, self.forced_after_bytes, probe=narrow, known=known)
         if len(hit) == 0:
             return

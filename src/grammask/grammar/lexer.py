@@ -1068,7 +1068,7 @@ class Lexer:
             arrays += a.nbytes
         pool = self.__dict__.get("_skip_pool")      # (GrammarMatcher._skip_pool)
         if pool is not None:
-            arrays += pool.bits.nbytes + pool.slot_of.nbytes
+            arrays += pool.nbytes
         if self.eager:   # the compiled expansion's lexeme DFAs and member store
             arrays += lexdfa.dfas_bytes(self._X) + sum(a.nbytes for a in self._D)
         return int(arrays + STATE_BYTES * len(self._states) + MEMBER_BYTES * self.n_members

@@ -924,49 +924,58 @@ def forced_after(s, h, lex_len, G, L, P, M, words, pool, slot_of, probe, nidx, n
     out_n[0] = 0
     out_n[1] = 0
     out_n[2] = -1
+    slot2 = -1
     slot = slot_of[s] if s < slot_of.shape[0] else -1
     skip = pool[slot] if slot >= 0 else pool[0]     # (read only where slot >= 0)
-    # the lexer state the next lexeme starts in when the lexeme of s ends (a row computed now,
-    # as the first candidate ending it would: kept below cache_top for the candidates)
-    cache_top = row_top(P, h)
-    slot2 = -1
-    k0 = L.state_acc[s]
-    incomplete = False
-    if k0 >= 0 and h + 2 <= P.row_beg.shape[0]:
-        m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
-        st2, s2, cache_top = _row_start(k0, h, cache_top, G, L, P, M)
-        if st2 == MISSING and inline_resolve(XE, M, m0, m1, m2):
-            st2, s2, cache_top = _row_start(k0, h, cache_top, G, L, P, M)
-        if st2 == MISSING:
-            incomplete = True       # (the driver builds it: the candidates go on without it)
-        elif st2 != OK and st2 != REJECT:
-            return st2
-        if st2 == OK and s2 >= 0 and s2 * 256 < L.trans.shape[0]:
-            slot2 = slot_of[s2] if s2 < slot_of.shape[0] else -1
-            if slot2 < 0:
-                out_n[2] = s2
     n = 0
-    base = s * 256
     for w in range(words.shape[0]):
-        v = words[w] & probe[w]
+        v = words[w]
         if slot >= 0:
-            v |= words[w] & ~skip[w]
-        else:
-            v = words[w]
-        if slot2 >= 0:
-            # known after the lexeme of s ends, where the first byte ends it
-            u = v & pool[slot2, w] & ~probe[w]
-            while u:
-                low = u & (~u + np.uint32(1))
-                u ^= low
-                t = w * 32 + _low_bit(low)
-                if off[t + 1] > off[t] and L.trans[base + data[off[t]]] == -1:
-                    v ^= low
+            v &= ~skip[w] | probe[w]
         if v:
             for k in range(32):
                 if (v >> np.uint32(k)) & np.uint32(1):
                     cand[n] = w * 32 + k
                     n += 1
+    cache_top = row_top(P, h)
+    k0 = L.state_acc[s]
+    incomplete = False
+    base = s * 256
+    if n and k0 >= 0 and h + 2 <= P.row_beg.shape[0]:
+        ends = False
+        for i in range(n):
+            t = cand[i]
+            if off[t + 1] > off[t] and L.trans[base + data[off[t]]] == -1:
+                ends = True
+                break
+        if ends:
+            # the lexer state the next lexeme starts in when the lexeme of s ends (its row
+            # computed now, as the first candidate ending it would: kept for the candidates)
+            m0, m1, m2 = M.counts[0], M.counts[1], M.counts[2]
+            st2, s2, cache_top = _row_start(k0, h, cache_top, G, L, P, M)
+            if st2 == MISSING and inline_resolve(XE, M, m0, m1, m2):
+                st2, s2, cache_top = _row_start(k0, h, cache_top, G, L, P, M)
+            if st2 == MISSING:
+                incomplete = True       # (the driver builds it: the candidates go on without it)
+            elif st2 != OK and st2 != REJECT:
+                return st2
+            if st2 == OK and s2 >= 0 and s2 * 256 < L.trans.shape[0]:
+                slot2 = slot_of[s2] if s2 < slot_of.shape[0] else -1
+                if slot2 < 0:
+                    out_n[2] = s2
+                else:
+                    # known after the lexeme of s ends, where the first byte ends it
+                    row2 = pool[slot2]
+                    kept = 0
+                    for i in range(n):
+                        t = cand[i]
+                        w = t >> 5
+                        bit = np.uint32(1) << np.uint32(t & 31)
+                        if not (row2[w] & bit and not probe[w] & bit and off[t + 1] > off[t]
+                                and L.trans[base + data[off[t]]] == -1):
+                            cand[kept] = t
+                            kept += 1
+                    n = kept
     out_n[3] = n
     if n == 0:
         return MISSING if incomplete else OK

@@ -55,20 +55,27 @@ _INT32 = np.dtype(np.int32)
 class SkipPool:
     """The tokens :meth:`GrammarMatcher.forced_after_words` knows to have no forced text, per
     lexer state (a fact of the lexer state: see :func:`.mask.forced_after`), kept on the lexer:
-    row ``slot_of[s]`` of ``bits`` for state ``s`` (-1: none). Rows are given here, under the GIL,
+    row ``slot_of[s]`` of ``bits`` for state ``s`` (-1: none). Rows are given here, under a lock,
     never inside the kernel, and a full pool (:data:`MAX_SKIP_STATES` rows, 16 KB each on a 128k
-    vocabulary, counted in :meth:`.Lexer.held_bytes`) is replaced by a new empty one, never
-    cleared in place: a kernel running in another thread keeps its arrays and the facts in
-    them."""
+    vocabulary; the rows given are counted in :meth:`.Lexer.held_bytes`) is replaced by a new
+    empty one, never cleared in place: a kernel running in another thread keeps its arrays and
+    the facts in them."""
 
     __slots__ = ("bits", "slot_of", "used", "n_words", "_lock")
 
-    def __init__(self, n_words: int, cap: int = 16, n_states: int = 1024):
+    def __init__(self, n_words: int, n_states: int = 1024):
         self._lock = threading.Lock()
         self.n_words = n_words
-        self.bits = np.zeros((cap, n_words), np.uint32)
+        # every row at once, uninitialised (a row is zeroed when given: only the rows given are
+        # ever touched, and none is ever copied; zeroing them all here cost up to ~30 ms)
+        self.bits = np.empty((MAX_SKIP_STATES, n_words), np.uint32)
         self.slot_of = np.full(n_states, -1, np.int64)
         self.used = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The rows given (those whose pages may be taken) and the slot table."""
+        return self.used * self.n_words * 4 + self.slot_of.nbytes
 
     def slot(self, s: int) -> int:
         """State ``s``'s row (given now if it has none: zeros)."""
@@ -83,19 +90,15 @@ class SkipPool:
         if s < self.slot_of.shape[0] and self.slot_of[s] >= 0:
             return int(self.slot_of[s])
         if self.used == self.bits.shape[0]:
-            if self.used >= MAX_SKIP_STATES:
-                self.bits = np.zeros((16, self.n_words), np.uint32)
-                self.slot_of = np.full(self.slot_of.shape[0], -1, np.int64)
-                self.used = 0
-            else:
-                bits = np.zeros((min(2 * self.used, MAX_SKIP_STATES), self.n_words), np.uint32)
-                bits[: self.used] = self.bits[: self.used]
-                self.bits = bits
+            self.bits = np.empty((MAX_SKIP_STATES, self.n_words), np.uint32)
+            self.slot_of = np.full(self.slot_of.shape[0], -1, np.int64)
+            self.used = 0
         if s >= self.slot_of.shape[0]:
             grown = np.full(max(2 * self.slot_of.shape[0], s + 1), -1, np.int64)
             grown[: self.slot_of.shape[0]] = self.slot_of
             self.slot_of = grown
         k = self.used
+        self.bits[k] = 0
         self.used += 1
         self.slot_of[s] = k
         return k
