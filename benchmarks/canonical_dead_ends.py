@@ -2,7 +2,7 @@
 MaskBench sample (Llama-3), counting walks that reach an empty mask.
 
     python benchmarks/canonical_dead_ends.py [DATA_DIR] [--every 200] [--walks 4] [--max-len 200]
-        [--forced-after-words N]
+        [--forced-after-words N] [--forced-after-wide-words N]
 
 Each walk starts a ``GrammarMatcher(compiled, canonical=True)`` on a schema of the sample and takes
 tokens from its mask at random (a stop token 30% of the time when allowed, a token of at most two
@@ -12,7 +12,9 @@ follow. Finished walks are decoded and re-encoded by ``tokenizers`` (the oracle)
 differ is non-canonical. For each dead end the last tokens, the grammar's forced text there and the
 size of the plain mask are printed, so the classes of dead ends can be read off.
 ``--forced-after-words N`` sets :attr:`.CanonicalState.forced_after_words`, the widest mask (in
-non-zero words) whose candidates are judged along the text the grammar forces after them (0: none);
+non-zero words) whose candidates are judged along the text the grammar forces after them (0: none),
+``--forced-after-wide-words N`` :attr:`.CanonicalState.forced_after_wide_words` (the widest whose
+candidates but whitespace are);
 ``--narrow`` sets :attr:`.CanonicalState.narrow_lookahead` to True (the one-step lookahead after
 every token of whitespace ending in a space or a tab; by default only after whitespace).
 """
@@ -43,12 +45,15 @@ def main():
     ap.add_argument("--max-len", type=int, default=200)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--forced-after-words", type=int, default=None)
+    ap.add_argument("--forced-after-wide-words", type=int, default=None)
     ap.add_argument("--narrow", action="store_true",
                     help="CanonicalState.narrow_lookahead = True (every whitespace token ending in a space, "
                          "not only after whitespace)")
     a = ap.parse_args()
     if a.forced_after_words is not None:
         CanonicalState.forced_after_words = a.forced_after_words
+    if a.forced_after_wide_words is not None:
+        CanonicalState.forced_after_wide_words = a.forced_after_wide_words
     if a.narrow:
         CanonicalState.narrow_lookahead = True
     from tokenizers import Tokenizer

@@ -1468,9 +1468,12 @@ class CanonicalState:
     #: 47: 39 -> 24 dead ends in the walks, first pass +0.05x; 512: +0.5x; docs/fast-forward.md
     #: section 11)
     forced_after_words = 256
-    #: and on the candidates that are not whitespace alone of masks of at most this many
-    #: (a JSON value's first token; the whitespace beside a key's first letters)
-    forced_after_wide_words = 1024
+    #: and on the candidates that are not whitespace alone of masks of at most this many (a
+    #: key's first letters beside the whitespace allowed there; a JSON value's first token is a
+    #: mask of ~1,000 words). Dead ends in the walks: 24 at 256, 6 at 1024, but a first pass
+    #: costs 1.80x, 1.91x at 384, 2.02-2.09x at 512 and 2.30-2.39x at 1024 (docs/fast-forward.md
+    #: section 12)
+    forced_after_wide_words = 384
     #: and looks this far into the text the grammar forces after a candidate
     forced_after_bytes = 24
 

@@ -7,7 +7,6 @@ the compiled grammar's lexer, which only grows (under a lock).
 """
 from __future__ import annotations
 
-import threading
 from collections import deque
 
 import numpy as np
@@ -18,6 +17,7 @@ from .earley import MISSING, OK, REJECT, STOP_AT_MISSING, stack_key
 from .kstruct import kstruct
 from .mask import (FastCall, WalkBuffers, advance_bytes, allowed_bytes, can_end, fill_mask, fill_mask_cached,
                    forced_after, jump_forward, walk_stack)
+from .skip_rows import SkipPool, shared_skip_rows
 from .utf8 import utf8_prefix
 
 # the kernels that may build lexer states take an expander last: None (their read-only variant,
@@ -50,58 +50,6 @@ _FILL_ERROR = "internal error: the mask kernel did not settle"
 #: :meth:`GrammarMatcher.state_key` is None past this many int32 (the reachable rows' items)
 STATE_KEY_MAX_LEN = 1 << 16
 _INT32 = np.dtype(np.int32)
-
-
-class SkipPool:
-    """The tokens :meth:`GrammarMatcher.forced_after_words` knows to have no forced text, per
-    lexer state (a fact of the lexer state: see :func:`.mask.forced_after`), kept on the lexer:
-    row ``slot_of[s]`` of ``bits`` for state ``s`` (-1: none). Rows are given here, under a lock,
-    never inside the kernel, and a full pool (:data:`MAX_SKIP_STATES` rows, 16 KB each on a 128k
-    vocabulary; the rows given are counted in :meth:`.Lexer.held_bytes`) is replaced by a new
-    empty one, never cleared in place: a kernel running in another thread keeps its arrays and
-    the facts in them."""
-
-    __slots__ = ("bits", "slot_of", "used", "n_words", "_lock")
-
-    def __init__(self, n_words: int, n_states: int = 1024):
-        self._lock = threading.Lock()
-        self.n_words = n_words
-        # every row at once, uninitialised (a row is zeroed when given: only the rows given are
-        # ever touched, and none is ever copied; zeroing them all here cost up to ~30 ms)
-        self.bits = np.empty((MAX_SKIP_STATES, n_words), np.uint32)
-        self.slot_of = np.full(n_states, -1, np.int64)
-        self.used = 0
-
-    @property
-    def nbytes(self) -> int:
-        """The rows given (those whose pages may be taken) and the slot table."""
-        return self.used * self.n_words * 4 + self.slot_of.nbytes
-
-    def slot(self, s: int) -> int:
-        """State ``s``'s row (given now if it has none: zeros)."""
-        if s < self.slot_of.shape[0]:
-            k = int(self.slot_of[s])
-            if k >= 0:
-                return k
-        with self._lock:
-            return self._give(s)
-
-    def _give(self, s: int) -> int:
-        if s < self.slot_of.shape[0] and self.slot_of[s] >= 0:
-            return int(self.slot_of[s])
-        if self.used == self.bits.shape[0]:
-            self.bits = np.empty((MAX_SKIP_STATES, self.n_words), np.uint32)
-            self.slot_of = np.full(self.slot_of.shape[0], -1, np.int64)
-            self.used = 0
-        if s >= self.slot_of.shape[0]:
-            grown = np.full(max(2 * self.slot_of.shape[0], s + 1), -1, np.int64)
-            grown[: self.slot_of.shape[0]] = self.slot_of
-            self.slot_of = grown
-        k = self.used
-        self.bits[k] = 0
-        self.used += 1
-        self.slot_of[s] = k
-        return k
 
 
 _NO_SLOTS = np.zeros(0, np.int64)
@@ -526,7 +474,7 @@ class GrammarMatcher:
         nw = words.shape[0]
         if cached:
             pool = self._skip_pool(nw)
-            pool.slot(self._s)
+            pool.slot(self._s, self._lexer)
             bits, slot_of = pool.bits, pool.slot_of
         else:
             bits, slot_of = np.zeros((1, nw), np.uint32), _NO_SLOTS
@@ -542,7 +490,9 @@ class GrammarMatcher:
             live = probe        # (no probe is known: nothing is written)
         else:
             live = self.narrow_live(nw) if cached else np.zeros(nw, np.uint32)
-        data, off, rank = self.compiled.tokenizer_info.token_bytes_flat()
+        info = self.compiled.tokenizer_info
+        data, off, rank = info.token_bytes_flat()
+        by_rank = info.token_by_rank()
         cand = self.__dict__.get("_fa_cand")
         if cand is None or cand.shape[0] < nw * 32:
             cand = self._fa_cand = np.empty(nw * 32, np.int64)     # scratch, one entry per token
@@ -554,10 +504,10 @@ class GrammarMatcher:
             fbuf = np.zeros((cap, max_bytes), np.uint8)
             nxt = np.zeros((cap, 8), np.uint32)
             self._call_building(_forced_after, _forced_after_x, (self._s, self._h, self._lex_len),
-                                (words, bits, slot_of, probe, *known, live, rank, data, off, _SCAN_ORDER, self._ok, cand,
+                                (words, bits, slot_of, probe, *known, live, rank, by_rank, data, off, _SCAN_ORDER, self._ok, cand,
                                  out_n, hit, flen, fbuf, nxt))
             if cached and out_n[2] >= 0:
-                pool.slot(int(out_n[2]))      # (kept from the next call on)
+                pool.slot(int(out_n[2]), self._lexer)     # (kept from the next call on)
             self._fa_read = int(out_n[3])     # (how many candidates the last call read)
             if not out_n[1]:
                 k = int(out_n[0])
@@ -572,18 +522,20 @@ class GrammarMatcher:
 
     def _forced_skip(self, n_words: int | None = None) -> np.ndarray:
         """The tokens :meth:`forced_after_words` knows to have no forced text from the current
-        lexer state (bits over the vocabulary; a view of its row in :meth:`_skip_pool`)."""
+        lexer state (bits over the vocabulary: a view of its row in :meth:`_skip_pool`, or zeros
+        where it has none)."""
         pool = self._skip_pool(n_words or (self.vocab_size + 31) // 32)
-        k = pool.slot(self._s)      # (first: it may grow the pool)
-        return pool.bits[k]
+        k = pool.slot(self._s, self._lexer)
+        return pool.bits[k] if k >= 0 else np.zeros(pool.n_words, np.uint32)
 
-    def _skip_pool(self, n_words: int) -> "SkipPool":
-        """The lexer's :class:`SkipPool` (made at the first use)."""
+    def _skip_pool(self, n_words: int) -> SkipPool:
+        """The lexer's :class:`.skip_rows.SkipPool` (made at the first use)."""
         self._sync()
         lexer = self._lexer
         pool = lexer.__dict__.get("_skip_pool")
-        if pool is None or pool.bits.shape[1] != n_words:
-            pool = lexer.__dict__["_skip_pool"] = SkipPool(n_words)
+        if pool is None or pool.n_words != n_words:
+            shared = shared_skip_rows(lexer.exprs, self.compiled.tokenizer_info, n_words)
+            pool = lexer.__dict__["_skip_pool"] = SkipPool(shared)
         return pool
 
     def _per_lexer_state(self, name: str, n_words: int | None) -> np.ndarray:

@@ -169,6 +169,13 @@ class TokenizerInfo:
             hit = self._bytes_flat = (np.frombuffer(b"".join(tb), np.uint8), off, rank)
         return hit
 
+    def token_by_rank(self) -> np.ndarray:
+        """The token ids in byte order: ``by_rank[rank[t]] == t`` (:meth:`token_bytes_flat`)."""
+        hit = self.__dict__.get("_by_rank")
+        if hit is None:
+            hit = self._by_rank = np.argsort(self.token_bytes_flat()[2]).astype(np.int64)
+        return hit
+
     @property
     def special_mask(self) -> np.ndarray:
         """bool[vocab_size], True for the special (never grammar-matched) ids."""
