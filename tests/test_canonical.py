@@ -987,6 +987,43 @@ def test_forced_after_skip_cache_changes_nothing():
     assert steps > 100 and skipped > 1000 and after_end > 1000, (steps, skipped, after_end)
 
 
+def test_forced_after_skip_rows_are_shared_by_the_grammars_of_a_compiler():
+    """The tokens known to have no forced text after them are a fact of the lexer state's member
+    expressions (:mod:`.skip_rows`), so two schemas compiled by one compiler share them: the
+    second grammar's first mask at a state the first one learned reads only what the first one
+    still read there, and gives the same hits as reading every candidate. Another compiler (its
+    own ExprSet) starts with nothing known."""
+    info, _tok, encode = _llama()
+    comp = GrammarCompiler(info)
+    nw = (info.vocab_size + 31) // 32
+    a = comp.compile_json_schema({"type": "object", "properties": {"x": {"type": "string"}, "y": {"type": "integer"}}})
+    b = comp.compile_json_schema({"type": "object", "properties": {"q": {"type": "string"}, "z": {"type": "boolean"}}})
+    c = GrammarCompiler(info).compile_json_schema({"type": "object", "properties": {"q": {"type": "string"}}})
+
+    def at(compiled, text):
+        m = GrammarMatcher(compiled)
+        for t in encode(text):
+            assert m.accept_token(t)
+        words = np.zeros(nw, np.uint32)
+        m.fill_words(words)
+        return m, words
+
+    ma, wa = at(a, '{"x": "')       # inside a string value
+    for _ in range(3):
+        ma.forced_after_words(wa, 24)
+    learned = ma._fa_read
+    mb, wb = at(b, '{"q": "')
+    kept = mb.forced_after_words(wb, 24)
+    # (the kernel may run twice while the new lexer builds its states: reads add up)
+    n_cand = np.count_nonzero(np.unpackbits(wb.view(np.uint8)))
+    assert mb._fa_read <= 2 * learned < n_cand // 10
+    fresh = mb.forced_after_words(wb, 24, cached=False)
+    assert sorted(kept[0].tolist()) == sorted(fresh[0].tolist())
+    mc, wc = at(c, '{"q": "')
+    mc.forced_after_words(wc, 24)
+    assert mc._fa_read >= n_cand
+
+
 @pytest.mark.parametrize("rule", [True, False])
 def test_literal_starts_that_no_canonical_continuation_spells_are_dropped(monkeypatch, rule):
     """``n`` where ``null`` is then forced (and ``null`` is one Llama-3 token), or a key's first

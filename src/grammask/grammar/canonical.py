@@ -1372,12 +1372,14 @@ class CanonicalState:
            Longest candidate first: one that reaches a pre-token boundary no future moves is the
            canonical tokenization's token there, so the shorter ones are dropped unsearched.
         2. On masks of at most ``forced_after_words`` non-zero words, the same search along the
-           text the grammar forces after each candidate (:meth:`_prune_forced_after`).
+           text the grammar forces after each candidate (:meth:`_prune_forced_after`; up to
+           ``forced_after_wide_words``, after each candidate that is not whitespace alone).
         3. Other small masks (at most ``lookahead_limit`` tokens): a depth-first search over the
            canonical masks of the grammar, ``lookahead_depth`` deep and ``lookahead_budget`` masks
            at most; a branch reaching a wider mask, the depth or the budget counts as viable.
         A candidate neither test can refute is kept (see the README: dead ends remain possible).
-        ``nz``: the non-zero words of ``words`` (at most 512, or at most ``forced_after_words``);
+        ``nz``: the non-zero words of ``words`` (at most 512, or at most ``forced_after_words`` or
+        ``forced_after_wide_words``);
         ``narrow``: its narrow candidates (:meth:`_prune_forced_after`), or None; ``one``: its
         tokens all start with one byte (and it has at most 512 words)."""
         forced = matcher.find_jump_forward_bytes(256) if one else b""
@@ -1427,7 +1429,7 @@ class CanonicalState:
                 elif ok == CERTAIN:
                     unique = True
             self._matcher = None
-        if nz <= self.forced_after_wide_words or narrow is not None:
+        if nz <= max(self.forced_after_words, self.forced_after_wide_words) or narrow is not None:
             self._prune_forced_after(matcher, words, checked, narrow)
         # more words than tokens the search may take (counted again: the searches above may
         # have dropped some)
@@ -1491,7 +1493,8 @@ class CanonicalState:
         ``narrow``: the candidates among :attr:`CanonicalTokenizer.narrow_words` (whitespace
         ending in a space), a one-step lookahead: dropped when no token canonical after them
         starts with a byte the grammar allows there (and the text may not end there). A mask
-        wider than ``forced_after_words`` words has only these read."""
+        wider than ``forced_after_words`` words has only these read and, up to
+        ``forced_after_wide_words`` words, its candidates that are not whitespace alone."""
         nzw = np.count_nonzero(words)
         small = nzw <= self.forced_after_words
         # wider: the candidates that are not whitespace alone (and the narrow ones)

@@ -910,9 +910,9 @@ def forced_after(s, h, lex_len, G, L, P, M, words, pool, slot_of, probe, nidx, n
     (``s`` reads no such byte) is read from the lexer state that the parser starts the next
     lexeme in, ``s2``, and its bit in ``s2``'s row is the same fact of ``s2``: read from there,
     and set there when the lexer alone read it (``out_n[2]``: ``s2`` where it has no row yet, for
-    the caller to give it one; else -1; ``out_n[3]``: how many candidates were read). Rows above
-    ``h`` are scratch, so every candidate starts from
-    the same parser state. ``cand`` is scratch (one entry per token). A candidate whose bit is set
+    the caller to give it one; else -1; ``out_n[3]``: how many candidates were read, added to
+    what it held: calls repeated by the driver add up). Rows above ``h`` are scratch, so every
+    candidate starts from the same parser state. ``cand`` is scratch (one entry per token). A candidate whose bit is set
     in ``probe`` and after which nothing is forced is a hit too: ``flen[j]`` 0, or -2 when the
     grammar may end right after it, and ``nxt[j]`` the bytes that may follow it (the one-step
     lookahead of the canonical mode). A probe whose verdict the caller can give from what may
@@ -982,7 +982,7 @@ def forced_after(s, h, lex_len, G, L, P, M, words, pool, slot_of, probe, nidx, n
                             cand[kept] = t
                             kept += 1
                     n = kept
-    out_n[3] = n
+    out_n[3] += n
     if n == 0:
         return MISSING if incomplete else OK
     # candidates in byte order share their common prefix with the one before: the states along
