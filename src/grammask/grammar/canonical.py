@@ -1472,8 +1472,8 @@ class CanonicalState:
     forced_after_words = 256
     #: and on the candidates that are not whitespace alone of masks of at most this many (a
     #: key's first letters beside the whitespace allowed there; a JSON value's first token is a
-    #: mask of ~1,000 words). Dead ends in the walks: 24 at 256, 6 at 1024, but a first pass
-    #: costs 1.80x, 1.91x at 384, 2.02-2.09x at 512 and 2.30-2.39x at 1024 (docs/fast-forward.md
+    #: mask of ~1,000 words). Dead ends in the walks: 24 at 256, 9 at 384, 6 at 1024; a first
+    #: pass costs 1.80x, 1.91x, 2.02-2.09x at 512 and 2.30-2.39x at 1024 (docs/fast-forward.md
     #: section 12)
     forced_after_wide_words = 384
     #: and looks this far into the text the grammar forces after a candidate
