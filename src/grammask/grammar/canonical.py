@@ -807,12 +807,11 @@ class CanonicalTokenizer:
         # or a sign joins it in a pre-token, so what may follow them canonically is narrow (digits,
         # the end): CanonicalState.prune_dead_ends reads what the grammar allows after them
         wsb = _WS_BYTES
-        nar = np.array([t for t in reach if tb[t] and tb[t][-1] in (0x20, 0x09) and all(c in wsb for c in tb[t])],
-                       np.int64)
+        ws = [t for t in reach if tb[t] and all(c in wsb for c in tb[t])]
+        nar = np.array([t for t in ws if tb[t][-1] in (0x20, 0x09)], np.int64)
         self.narrow_words = _words_of(nar, self.n_words)
         #: tokens of whitespace alone (left out where CanonicalState reads a wide mask's candidates)
-        self.ws_words = _words_of(np.array([t for t in reach if tb[t] and all(c in wsb for c in tb[t])], np.int64),
-                                  self.n_words)
+        self.ws_words = _words_of(np.array(ws, np.int64), self.n_words)
         #: token id -> its index among the narrow tokens (-1: not one)
         self.narrow_index = np.full(self.vocab_size, -1, np.int64)
         self.narrow_index[nar] = np.arange(len(nar))
@@ -1353,8 +1352,8 @@ class CanonicalState:
         if memos is None:
             memos = lexer.__dict__.setdefault("canonical_memos", {})
         cfg = (self.ct, self.lookahead_limit, self.lookahead_depth, self.lookahead_budget, self.forced_after_words,
-               self.forced_after_wide_words, self.forced_after_bytes, self.narrow_lookahead, self.digit_lookahead, matcher._stop_set,
-               matcher.terminate_without_stop_token)
+               self.forced_after_wide_words, self.forced_after_bytes, self.narrow_lookahead, self.digit_lookahead,
+               matcher._stop_set, matcher.terminate_without_stop_token)
         m = memos.get(cfg)
         if m is None:
             m = memos.setdefault(cfg, LookaheadMemo())

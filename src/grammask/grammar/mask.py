@@ -789,18 +789,27 @@ SORT_BY_BITS = 128
 
 
 @njit(nogil=True, cache=True)
+def _end_row(k, h, cache_top, G, L, P, M):
+    """(status, cache_top): row ``h``, where a lexeme of the accepted set ``k`` ends over ``h``
+    rows, taken from the rows below ``cache_top`` where its key matches (as :func:`step_end`),
+    else built (REJECT: no item advances; cache_top is then ``h``)."""
+    if h < cache_top and P.row_key[h] == k:
+        return OK, cache_top
+    if h + 2 > P.row_beg.shape[0]:
+        return GROW_ROWS, cache_top
+    st = compute_row(h, k, G, L, P, M)
+    return st, (h + 1 if st == OK else h)
+
+
+@njit(nogil=True, cache=True)
 def _row_start(k, h, cache_top, G, L, P, M):
     """(status, the lexer state the parser starts the next lexeme in after a lexeme of the
     accepted set ``k`` ends over ``h`` rows (< 0: none), cache_top): :func:`step_end`'s first
-    half (the caller checked that row ``h + 1`` exists)."""
-    if h < cache_top and P.row_key[h] == k:
-        s2 = P.row_ls[h]
-    else:
-        st = compute_row(h, k, G, L, P, M)
-        if st != OK:
-            return st, -1, h
-        cache_top = h + 1
-        s2 = P.row_ls[h]
+    half."""
+    st, cache_top = _end_row(k, h, cache_top, G, L, P, M)
+    if st != OK:
+        return st, -1, cache_top
+    s2 = P.row_ls[h]
     if s2 == -2:
         s2 = resolve_row_start(h, G, L, P, M)
     return OK, s2, cache_top
@@ -815,14 +824,9 @@ def _end_and_bytes(s, h, G, L, P, M, out):
     s2 = -1
     e = 0
     if k >= 0:
-        if h + 2 > P.row_beg.shape[0]:
-            return GROW_ROWS, 0
-        st = compute_row(h, k, G, L, P, M)
+        st, s2, _ct = _row_start(k, h, h, G, L, P, M)     # (built anew, as can_end does)
         if st == OK:
             e = P.row_acc[h]
-            s2 = P.row_ls[h]
-            if s2 == -2:
-                s2 = resolve_row_start(h, G, L, P, M)
             if s2 == -2 or s2 * 256 >= trans.shape[0]:
                 # not registered yet (recorded), or by another thread after our arrays were taken
                 return MISSING, 0
@@ -857,17 +861,10 @@ def _end_fans_out(s, h, cache_top, G, L, P, M, order):
     built; the bytes are scanned in ``order`` and the scan stops at the second one."""
     k = L.state_acc[s]
     if k >= 0:
-        if not (h < cache_top and P.row_key[h] == k):
-            if h + 2 > P.row_beg.shape[0]:
-                return GROW_ROWS, 0, cache_top
-            st = compute_row(h, k, G, L, P, M)
-            if st == REJECT:
-                cache_top = h
-            elif st != OK:
-                return st, 0, h
-            else:
-                cache_top = h + 1
-        if h < cache_top and P.row_acc[h]:
+        st, cache_top = _end_row(k, h, cache_top, G, L, P, M)
+        if st != OK and st != REJECT:
+            return st, 0, cache_top
+        if st == OK and P.row_acc[h]:
             return OK, 2, cache_top
     trans = L.trans
     base = s * 256
